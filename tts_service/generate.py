@@ -1,0 +1,185 @@
+"""The eager generate path: prompts -> codes, one frame at a time, for a batch of requests.
+
+This is the correctness baseline the batched engine is held against, so it stays small and
+plain: a growing key/value cache per layer, left-padded prompts, no graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from tts_service.model.embedding import embed_prompt, embed_text_ids
+from tts_service.model.layers import repeat_kv
+from tts_service.model.talker import Talker
+from tts_service.prompts import Prompt
+from tts_service.sampling import RowSampling, SamplingParams, penalize_repetitions, sample
+
+NUM_SUPPRESSED_IDS = 1024
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Per-request decoding settings; defaults are the reference generate()'s."""
+
+    talker: SamplingParams = field(default_factory=SamplingParams)
+    predictor: SamplingParams = field(default_factory=SamplingParams)
+    repetition_penalty: float = 1.05
+    max_new_frames: int = 2048
+    min_new_frames: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        if self.max_new_frames < 1:
+            raise ValueError(f"max_new_frames must be >= 1, got {self.max_new_frames}")
+        if self.min_new_frames < 0:
+            raise ValueError(f"min_new_frames must be >= 0, got {self.min_new_frames}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+
+
+@dataclass(frozen=True)
+class GeneratedCodes:
+    codes: torch.Tensor  # [frames, codebooks] int64, on the CPU
+    finish_reason: str  # "stop" (EOS) or "length" (max_new_frames)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: Prompt
+    params: GenerationParams = field(default_factory=GenerationParams)
+    speaker_embedding: torch.Tensor | None = None
+
+
+class EagerKVCache:
+    """Concatenating K/V cache with a key-validity mask for left-padded rows."""
+
+    def __init__(self, key_valid: torch.Tensor) -> None:
+        self.key_valid = key_valid  # [B, S] bool
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def append_valid(self, num_tokens: int) -> None:
+        extra = torch.ones(self.key_valid.shape[0], num_tokens, dtype=torch.bool, device=self.key_valid.device)
+        self.key_valid = torch.cat([self.key_valid, extra], dim=1)
+
+    def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor) -> torch.Tensor:
+        if layer_index in self.keys:
+            key = torch.cat([self.keys[layer_index], key], dim=2)
+            value = torch.cat([self.values[layer_index], value], dim=2)
+        self.keys[layer_index], self.values[layer_index] = key, value
+        num_queries, num_keys = query.shape[2], key.shape[2]
+        query_index = torch.arange(num_keys - num_queries, num_keys, device=query.device)[:, None]
+        key_index = torch.arange(num_keys, device=query.device)[None, :]
+        # A padding query attends to itself only, so its (unused) output stays finite.
+        allowed = ((key_index <= query_index) & self.key_valid[:, None, :]) | (key_index == query_index)
+        num_heads = query.shape[1]
+        return F.scaled_dot_product_attention(query, repeat_kv(key, num_heads), repeat_kv(value, num_heads),
+                                              attn_mask=allowed[:, None])
+
+
+def suppressed_ids_mask(talker: Talker) -> torch.Tensor:
+    """The top 1024 codec ids are control tokens the talker must never emit, EOS excepted."""
+    vocab = talker.config.layers.vocab_size
+    mask = torch.zeros(vocab, dtype=torch.bool, device=talker.codec_head.weight.device)
+    mask[max(0, vocab - NUM_SUPPRESSED_IDS):] = True
+    mask[talker.config.codec_eos_id] = False
+    return mask
+
+
+def process_codebook0_logits(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor,
+                             suppressed: torch.Tensor, eos_blocked: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Reference order: repetition penalty, minimum length (EOS blocked), suppressed ids."""
+    scores = penalize_repetitions(logits.float(), seen, penalty)
+    scores[:, eos_id] = torch.where(eos_blocked, float("-inf"), scores[:, eos_id])
+    return scores.masked_fill(suppressed, float("-inf"))
+
+
+def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, code0: torch.Tensor,
+                                rows: RowSampling, seeds: torch.Tensor, first_draw: torch.Tensor) -> torch.Tensor:
+    """Run the code predictor for one frame: [B] codebook 0 -> [B, G-1] codebooks 1..G-1."""
+    predictor = talker.code_predictor
+    batch = code0.shape[0]
+    cache = EagerKVCache(torch.ones(batch, 0, dtype=torch.bool, device=code0.device))
+    inputs = torch.stack([talker_hidden, talker.embed_codec(code0)], dim=1)
+    codes: list[torch.Tensor] = []
+    for codebook in range(1, talker.config.num_code_groups):
+        start = 0 if codebook == 1 else codebook
+        positions = torch.arange(start, start + inputs.shape[1], device=code0.device).expand(batch, -1)
+        cache.append_valid(inputs.shape[1])
+        hidden = predictor.hidden(inputs, positions, cache)[:, -1]
+        scores = predictor.logits(codebook, hidden).float()
+        code = sample(scores, rows, seeds, first_draw + codebook)
+        codes.append(code)
+        inputs = predictor.embed(codebook, code)[:, None]
+    return torch.stack(codes, dim=1)
+
+
+@torch.inference_mode()
+def generate_codes(talker: Talker, requests: list[GenerationRequest], tts_pad_id: int) -> list[GeneratedCodes]:
+    """Generate every request's frames until EOS or its frame limit."""
+    device = talker.codec_head.weight.device
+    config = talker.config
+    batch = len(requests)
+    num_groups = config.num_code_groups
+
+    prompts = [embed_prompt(talker, r.prompt, r.speaker_embedding) for r in requests]
+    lengths = torch.tensor([p.shape[0] for p in prompts], device=device)
+    max_len = int(lengths.max())
+    inputs = torch.stack([F.pad(p, (0, 0, max_len - p.shape[0], 0)) for p in prompts])
+    padding = (max_len - lengths)[:, None]
+    slots = torch.arange(max_len, device=device)[None, :]
+    cache = EagerKVCache(slots >= padding)
+    positions = (slots - padding).clamp(min=0)
+
+    trailing = [embed_text_ids(talker, r.prompt.trailing_text_ids) if r.prompt.trailing_text_ids else None
+                for r in requests]
+    pad_embedding = embed_text_ids(talker, [tts_pad_id])[0]
+
+    params = [r.params for r in requests]
+    talker_rows = RowSampling.from_params([p.talker for p in params], device)
+    predictor_rows = RowSampling.from_params([p.predictor for p in params], device)
+    penalty = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device)
+    seeds = torch.tensor([p.seed for p in params], dtype=torch.int64, device=device)
+    min_frames = torch.tensor([p.min_new_frames for p in params], device=device)
+    max_frames = [p.max_new_frames for p in params]
+    suppressed = suppressed_ids_mask(talker)
+    seen = torch.zeros(batch, config.layers.vocab_size, dtype=torch.bool, device=device)
+
+    hidden = talker.hidden(inputs, positions, cache)[:, -1]
+    frames: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+    reasons: list[str | None] = [None] * batch
+    for step in range(max(max_frames)):
+        draws = torch.full((batch,), step * num_groups, dtype=torch.int64, device=device)
+        scores = process_codebook0_logits(talker.logits(hidden), seen, penalty, suppressed,
+                                          step < min_frames, config.codec_eos_id)
+        code0 = sample(scores, talker_rows, seeds, draws)
+        seen[torch.arange(batch, device=device), code0] = True
+        is_eos = (code0 == config.codec_eos_id).tolist()
+        for row in range(batch):
+            if reasons[row] is None and is_eos[row]:
+                reasons[row] = "stop"
+        if all(reason is not None for reason in reasons):
+            break
+        frame = torch.cat([code0[:, None],
+                           predict_remaining_codebooks(talker, hidden, code0, predictor_rows, seeds, draws)], dim=1)
+        for row in range(batch):
+            if reasons[row] is None:
+                frames[row].append(frame[row])
+                if len(frames[row]) == max_frames[row]:
+                    reasons[row] = "length"
+        if all(reason is not None for reason in reasons):
+            break
+        text = torch.stack([t[step] if t is not None and step < t.shape[0] else pad_embedding for t in trailing])
+        cache.append_valid(1)
+        positions = (lengths + step)[:, None]
+        hidden = talker.hidden((talker.embed_frame(frame) + text)[:, None], positions, cache)[:, -1]
+
+    return [GeneratedCodes(torch.stack(rows).cpu() if rows else torch.zeros(0, num_groups, dtype=torch.long),
+                           reason or "length")
+            for rows, reason in zip(frames, reasons, strict=True)]

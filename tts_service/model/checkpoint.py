@@ -1,0 +1,263 @@
+"""Loading a Qwen3-TTS 12 Hz checkpoint in the published layout, strictly.
+
+A model source is a local directory, a Hugging Face repo id (downloaded with huggingface_hub),
+or `random:<preset>` (a random-weight model built in memory; see `random_checkpoint`).
+Every tensor in the files must be used, and every tensor the model needs must be present with
+the right shape; anything else fails with the tensor names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from tts_service.model.codec_decoder import CodecDecoder
+from tts_service.model.codec_encoder import CodecEncoder
+from tts_service.model.configs import ModelConfig, SpeechTokenizerConfig
+from tts_service.model.speaker_encoder import SpeakerEncoder
+from tts_service.model.talker import Talker
+from tts_service.model.text_tokenizer import load_text_tokenizer
+
+REQUIRED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "speech_tokenizer/config.json",
+    "speech_tokenizer/preprocessor_config.json",
+)
+WEIGHT_FILES = ("model.safetensors", "speech_tokenizer/model.safetensors")
+_DOWNLOAD_PATTERNS = ["*.json", "*.txt", "*.safetensors", "speech_tokenizer/*"]
+_MAX_NAMES_SHOWN = 12
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be found, downloaded or loaded; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    device: torch.device
+    dtype: torch.dtype
+    load_codec_encoder: bool = True
+
+    @classmethod
+    def default_for(cls, device: str | torch.device) -> LoadOptions:
+        device = torch.device(device)
+        return cls(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+@dataclass
+class LoadedModel:
+    """Everything a runner needs, on its device and in its dtype."""
+
+    source: str
+    config: ModelConfig
+    speech_config: SpeechTokenizerConfig
+    generation_config: dict[str, Any]
+    talker: Talker
+    speaker_encoder: SpeakerEncoder | None
+    codec_decoder: CodecDecoder
+    codec_encoder: CodecEncoder | None
+    tokenizer: Any
+    is_random: bool = False
+
+    @property
+    def device(self) -> torch.device:
+        return self.talker.codec_head.weight.device
+
+
+def resolve_source(source: str, cache_dir: str | None = None) -> Path:
+    """A local directory as is; otherwise a Hugging Face repo id, downloaded (or found in the cache)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
+        raise CheckpointError(f"model source {source!r} is neither a checkpoint directory nor a "
+                              "Hugging Face repo id like 'Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice'")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(source, allow_patterns=_DOWNLOAD_PATTERNS, cache_dir=cache_dir))
+    except LocalEntryNotFoundError as error:
+        raise CheckpointError(
+            f"cannot download {source!r}: the Hugging Face Hub is unreachable (or HF_HUB_OFFLINE is set) and "
+            "the repo is not in the local cache. Download it where the Hub is reachable "
+            f"(`huggingface-cli download {source} --local-dir DIR`) and pass --model DIR, "
+            "or run with --model random:tiny-custom_voice to try the service with random weights."
+        ) from error
+    except HfHubHTTPError as error:
+        raise CheckpointError(f"cannot download {source!r}: {error}") from error
+
+
+def check_files(directory: Path) -> None:
+    missing = [name for name in REQUIRED_FILES if not (directory / name).is_file()]
+    missing += [name for name in WEIGHT_FILES if not _weight_files(directory / name)]
+    if missing:
+        raise CheckpointError(f"checkpoint {directory} is incomplete: missing {', '.join(missing)}")
+
+
+def _weight_files(single: Path) -> list[Path]:
+    """`model.safetensors`, or the shards named by `model.safetensors.index.json`."""
+    if single.is_file():
+        return [single]
+    index = single.with_name(single.name + ".index.json")
+    if not index.is_file():
+        return []
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return [single.with_name(shard) for shard in shards]
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"cannot read {path}: {error}") from error
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for file in _weight_files(path):
+        try:
+            with safe_open(file, framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                    tensors[name] = handle.get_tensor(name)
+        except (OSError, SafetensorError) as error:
+            raise CheckpointError(f"cannot read weights from {file}: {error}") from error
+    return tensors
+
+
+def _names(names: Iterable[str]) -> str:
+    ordered = sorted(names)
+    shown = ", ".join(ordered[:_MAX_NAMES_SHOWN])
+    return shown + (f" (+{len(ordered) - _MAX_NAMES_SHOWN} more)" if len(ordered) > _MAX_NAMES_SHOWN else "")
+
+
+def load_strict(module: nn.Module, tensors: Mapping[str, torch.Tensor], where: str) -> None:
+    """Copy `tensors` into `module`; any missing, unexpected or mis-shaped tensor is an error."""
+    expected = module.state_dict()
+    problems = []
+    if missing := expected.keys() - tensors.keys():
+        problems.append(f"missing tensors: {_names(missing)}")
+    if unexpected := tensors.keys() - expected.keys():
+        problems.append(f"unexpected tensors: {_names(unexpected)}")
+    wrong = [f"{name} {tuple(tensors[name].shape)} (expected {tuple(expected[name].shape)})"
+             for name in expected.keys() & tensors.keys() if tensors[name].shape != expected[name].shape]
+    if wrong:
+        problems.append(f"mis-shaped tensors: {_names(wrong)}")
+    if problems:
+        raise CheckpointError(f"{where}: " + "; ".join(problems))
+    module.load_state_dict(dict(tensors), strict=True)
+
+
+def split_prefix(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {name[len(prefix):]: value for name, value in tensors.items() if name.startswith(prefix)}
+
+
+def cast_weights_(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast parameters and persistent floating buffers; RoPE frequency tables stay fp32."""
+    persistent = set(module.state_dict().keys())
+    for name, parameter in module.named_parameters():
+        if parameter.is_floating_point():
+            parameter.data = parameter.data.to(dtype)
+    for name, buffer in module.named_buffers():
+        if name in persistent and buffer.is_floating_point():
+            buffer.data = buffer.data.to(dtype)
+    return module
+
+
+@dataclass(frozen=True)
+class ModelModules:
+    talker: Talker
+    speaker_encoder: SpeakerEncoder | None
+    codec_decoder: CodecDecoder
+    codec_encoder: CodecEncoder | None
+
+
+def needs_codec_encoder(config: ModelConfig, options: LoadOptions) -> bool:
+    """Only voice cloning turns audio into codes; other models leave the encoder on disk."""
+    return options.load_codec_encoder and config.model_type == "base"
+
+
+def build_modules(config: ModelConfig, speech_config: SpeechTokenizerConfig, device: torch.device,
+                  with_codec_encoder: bool) -> ModelModules:
+    """Fresh modules in fp32 on `device`; weights are loaded or randomised afterwards."""
+    with torch.device(device):
+        return ModelModules(
+            talker=Talker(config.talker),
+            speaker_encoder=SpeakerEncoder(config.speaker_encoder) if config.speaker_encoder else None,
+            codec_decoder=CodecDecoder(speech_config.decoder),
+            codec_encoder=CodecEncoder(speech_config) if with_codec_encoder else None,
+        )
+
+
+def load_checkpoint(directory: Path, options: LoadOptions, source: str | None = None) -> LoadedModel:
+    check_files(directory)
+    config = ModelConfig.parse(read_json(directory / "config.json"))
+    speech_config = SpeechTokenizerConfig.parse(read_json(directory / "speech_tokenizer/config.json"))
+    modules = build_modules(config, speech_config, options.device, needs_codec_encoder(config, options))
+
+    model_tensors = read_tensors(directory / "model.safetensors")
+    talker_tensors = split_prefix(model_tensors, "talker.")
+    speaker_tensors = split_prefix(model_tensors, "speaker_encoder.")
+    stray = {name for name in model_tensors if not name.startswith(("talker.", "speaker_encoder."))}
+    if stray:
+        raise CheckpointError(f"model.safetensors: unexpected tensors: {_names(stray)}")
+    load_strict(modules.talker, talker_tensors, "model.safetensors (talker)")
+    if modules.speaker_encoder is not None:
+        load_strict(modules.speaker_encoder, speaker_tensors, "model.safetensors (speaker_encoder)")
+    elif speaker_tensors:
+        raise CheckpointError(f"model.safetensors: a {config.model_type} checkpoint holds speaker-encoder "
+                              f"tensors: {_names(speaker_tensors)}")
+
+    codec_tensors = read_tensors(directory / "speech_tokenizer/model.safetensors")
+    stray = {name for name in codec_tensors if not name.startswith(("decoder.", "encoder."))}
+    if stray:
+        raise CheckpointError(f"speech_tokenizer/model.safetensors: unexpected tensors: {_names(stray)}")
+    load_strict(modules.codec_decoder, split_prefix(codec_tensors, "decoder."),
+                "speech_tokenizer/model.safetensors (decoder)")
+    if modules.codec_encoder is not None:
+        load_strict(modules.codec_encoder, split_prefix(codec_tensors, "encoder."),
+                    "speech_tokenizer/model.safetensors (encoder)")
+
+    return finish_loading(source or str(directory), config, speech_config,
+                          read_json(directory / "generation_config.json"), modules,
+                          load_text_tokenizer(directory), options)
+
+
+def finish_loading(source: str, config: ModelConfig, speech_config: SpeechTokenizerConfig,
+                   generation_config: dict[str, Any], modules: ModelModules, tokenizer: Any,
+                   options: LoadOptions, is_random: bool = False) -> LoadedModel:
+    for module in (modules.talker, modules.speaker_encoder, modules.codec_decoder, modules.codec_encoder):
+        if module is not None:
+            cast_weights_(module, options.dtype).eval().requires_grad_(False)
+    return LoadedModel(
+        source=source,
+        config=config,
+        speech_config=speech_config,
+        generation_config=generation_config,
+        talker=modules.talker,
+        speaker_encoder=modules.speaker_encoder,
+        codec_decoder=modules.codec_decoder,
+        codec_encoder=modules.codec_encoder,
+        tokenizer=tokenizer,
+        is_random=is_random,
+    )
+
+
+def load_model(source: str, options: LoadOptions, cache_dir: str | None = None) -> LoadedModel:
+    """Load a model from a directory, a Hugging Face repo id, or `random:<preset>`."""
+    if source.startswith("random:"):
+        from tts_service.model.random_checkpoint import build_random_model
+
+        return build_random_model(source.removeprefix("random:"), options)
+    return load_checkpoint(resolve_source(source, cache_dir), options, source)

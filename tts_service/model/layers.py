@@ -1,0 +1,153 @@
+"""Building blocks shared by the talker and the code predictor (Qwen3-style decoder layers).
+
+Attention reads and writes its key/value memory through an `AttentionBackend`, so the same
+layers serve the simple eager path (a growing cache per request) and the paged, graph-captured
+runner.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tts_service.model.configs import DecoderLayerStack
+
+
+class AttentionBackend(Protocol):
+    """Stores this step's keys/values for a layer and attends over everything held for each row."""
+
+    def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor) -> torch.Tensor:
+        """query [B, H, T, D], key/value [B, KV, T, D] (already rotated) -> output [B, H, T, D]."""
+        ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and scale after casting back, exactly as the checkpoints were trained.
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+def rope_cos_sin(inverse_frequencies: torch.Tensor, positions: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, T] -> cos, sin [B, T, head_dim], computed in fp32 then cast."""
+    freqs = positions.float()[..., None] * inverse_frequencies.to(positions.device)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def interleaved_mrope_cos_sin(inverse_frequencies: torch.Tensor, positions: torch.Tensor,
+                              mrope_section: tuple[int, ...],
+                              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal RoPE with interleaved sections.
+
+    positions [S, B, T] holds one position stream per section (temporal, height, width).
+    Frequency i takes its angle from stream i % S while i < S * section size, and from the
+    first stream after that. Speech prompts use the same position in every stream, which makes
+    this equal to plain RoPE; it is kept general so a checkpoint's layout is honoured as written.
+    """
+    num_streams = len(mrope_section)
+    freqs = positions.float()[..., None] * inverse_frequencies.to(positions.device)  # [S, B, T, D/2]
+    chosen = freqs[0].clone()
+    for stream in range(1, num_streams):
+        end = mrope_section[stream] * num_streams
+        chosen[..., stream:end:num_streams] = freqs[stream, ..., stream:end:num_streams]
+    angles = torch.cat((chosen, chosen), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D]; cos/sin [B, T, D]."""
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: DecoderLayerStack, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = shape.num_attention_heads
+        self.num_kv_heads = shape.num_key_value_heads
+        self.head_dim = shape.head_dim
+        self.q_proj = nn.Linear(shape.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(shape.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(shape.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, shape.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, shape.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, shape.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                backend: AttentionBackend) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        out = backend(self.layer_index, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: DecoderLayerStack, layer_index: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(shape, layer_index)
+        self.mlp = MLP(shape.hidden_size, shape.intermediate_size)
+        self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                backend: AttentionBackend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """Layers plus final norm; named `model` in checkpoints (`layers.N.*`, `norm.weight`)."""
+
+    def __init__(self, shape: DecoderLayerStack) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(shape, index) for index in range(shape.num_hidden_layers))
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+
+    def run_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   backend: AttentionBackend) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, cos, sin, backend)
+        return self.norm(x)
+
+
+def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[B, KV, T, D] -> [B, H, T, D] for grouped-query attention."""
+    groups = num_heads // x.shape[1]
+    if groups == 1:
+        return x
+    batch, kv_heads, length, dim = x.shape
+    return x[:, :, None].expand(batch, kv_heads, groups, length, dim).reshape(batch, num_heads, length, dim)

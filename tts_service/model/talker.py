@@ -1,0 +1,122 @@
+"""The talker (predicts codebook 0 of each frame) and the code predictor (codebooks 1..15).
+
+Module names mirror the published checkpoint (`talker.model.layers.N...`,
+`talker.code_predictor.lm_head.N...`) so weights load by name with no translation table.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tts_service.model.configs import TalkerConfig
+from tts_service.model.layers import (
+    AttentionBackend,
+    DecoderStack,
+    interleaved_mrope_cos_sin,
+    rope_cos_sin,
+    rope_inverse_frequencies,
+)
+
+
+class TalkerBackbone(DecoderStack):
+    def __init__(self, config: TalkerConfig) -> None:
+        super().__init__(config.layers)
+        self.codec_embedding = nn.Embedding(config.layers.vocab_size, config.layers.hidden_size)
+        self.text_embedding = nn.Embedding(config.text_vocab_size, config.text_hidden_size)
+
+
+class TextProjection(nn.Module):
+    """Maps text-model embeddings into the talker's width (a two-layer MLP with biases)."""
+
+    def __init__(self, text_hidden_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(text_hidden_size, text_hidden_size, bias=True)
+        self.linear_fc2 = nn.Linear(text_hidden_size, hidden_size, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+class CodePredictorBackbone(DecoderStack):
+    def __init__(self, config: TalkerConfig) -> None:
+        super().__init__(config.code_predictor)
+        self.codec_embedding = nn.ModuleList(
+            nn.Embedding(config.code_predictor.vocab_size, config.layers.hidden_size)
+            for _ in range(config.num_code_groups - 1)
+        )
+
+
+class CodePredictor(nn.Module):
+    """Predicts codebooks 1..G-1 of a frame from the talker's hidden state and codebook 0.
+
+    Each frame is a fresh sequence: [talker hidden, embed(code 0), embed(code 1), ...] at
+    positions 0, 1, 2, ...; head g-1 predicts codebook g.
+    """
+
+    def __init__(self, config: TalkerConfig) -> None:
+        super().__init__()
+        shape = config.code_predictor
+        self.model = CodePredictorBackbone(config)
+        self.lm_head = nn.ModuleList(
+            nn.Linear(shape.hidden_size, shape.vocab_size, bias=False) for _ in range(config.num_code_groups - 1)
+        )
+        self.small_to_mtp_projection: nn.Module = (
+            nn.Linear(config.layers.hidden_size, shape.hidden_size, bias=True)
+            if config.has_mtp_projection else nn.Identity()
+        )
+        self.register_buffer("inv_freq", rope_inverse_frequencies(shape.head_dim, shape.rope_theta),
+                             persistent=False)
+
+    def embed(self, codebook: int, codes: torch.Tensor) -> torch.Tensor:
+        """Embedding (in talker width) of codes of codebook 1..G-1."""
+        return self.model.codec_embedding[codebook - 1](codes)
+
+    def hidden(self, inputs_embeds: torch.Tensor, positions: torch.Tensor,
+               backend: AttentionBackend) -> torch.Tensor:
+        x = self.small_to_mtp_projection(inputs_embeds)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        return self.model.run_layers(x, cos, sin, backend)
+
+    def logits(self, codebook: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits for codebook 1..G-1."""
+        return self.lm_head[codebook - 1](hidden)
+
+
+class Talker(nn.Module):
+    def __init__(self, config: TalkerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = TalkerBackbone(config)
+        self.text_projection = TextProjection(config.text_hidden_size, config.layers.hidden_size)
+        self.codec_head = nn.Linear(config.layers.hidden_size, config.layers.vocab_size, bias=False)
+        self.code_predictor = CodePredictor(config)
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config.layers.head_dim,
+                                                                  config.layers.rope_theta), persistent=False)
+
+    def embed_text(self, text_ids: torch.Tensor) -> torch.Tensor:
+        return self.text_projection(self.model.text_embedding(text_ids))
+
+    def embed_codec(self, codec_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.codec_embedding(codec_ids)
+
+    def embed_frame(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [..., G] -> the sum of every codebook's embedding [..., hidden]."""
+        parts = [self.embed_codec(codes[..., 0])]
+        parts += [self.code_predictor.embed(g, codes[..., g]) for g in range(1, self.config.num_code_groups)]
+        return torch.stack(parts, dim=-2).sum(-2)
+
+    def hidden(self, inputs_embeds: torch.Tensor, positions: torch.Tensor,
+               backend: AttentionBackend) -> torch.Tensor:
+        """inputs_embeds [B, T, H], positions [B, T] -> final-norm hidden states [B, T, H]."""
+        streams = positions.unsqueeze(0).expand(len(self.config.mrope_section), -1, -1)
+        if self.config.mrope_interleaved:
+            cos, sin = interleaved_mrope_cos_sin(self.inv_freq, streams, self.config.mrope_section,
+                                                 inputs_embeds.dtype)
+        else:
+            cos, sin = rope_cos_sin(self.inv_freq, positions, inputs_embeds.dtype)
+        return self.model.run_layers(inputs_embeds, cos, sin, backend)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.codec_head(hidden)
