@@ -166,7 +166,7 @@ def split_prefix(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, 
 def cast_weights_(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Cast parameters and persistent floating buffers; RoPE frequency tables stay fp32."""
     persistent = set(module.state_dict().keys())
-    for name, parameter in module.named_parameters():
+    for parameter in module.parameters():
         if parameter.is_floating_point():
             parameter.data = parameter.data.to(dtype)
     for name, buffer in module.named_buffers():

@@ -1,0 +1,1 @@
+"""Metrics, traces and logs for the service."""

@@ -1,0 +1,220 @@
+"""The codec decoder: parity with the reference decoder, and exact chunked streaming."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.reference import import_reference
+from tts_service.model.codec_decoder import CodecDecoder, CodecStreamState
+from tts_service.model.configs import CodecDecoderConfig, SpeechTokenizerConfig
+
+TOLERANCE = 1e-4
+
+# Small enough for CPU tests, with the real upsampling (1920 samples a frame), grouped-query
+# attention, a head_dim that is not hidden / heads, and a window of 8 frames so streams wrap it.
+SMALL = {
+    "codebook_size": 64, "codebook_dim": 32, "latent_dim": 64, "decoder_dim": 96, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 24, "sliding_window": 8, "num_quantizers": 16, "upsample_rates": [8, 5, 4, 3],
+    "upsampling_ratios": [2, 2],
+}
+
+# `decoder_config` of the speech_tokenizer/config.json shared by every released 12 Hz checkpoint.
+RELEASED = {
+    "attention_bias": False, "latent_dim": 1024, "codebook_dim": 512, "codebook_size": 2048,
+    "decoder_dim": 1536, "hidden_act": "silu", "hidden_size": 512, "intermediate_size": 1024,
+    "layer_scale_initial_scale": 0.01, "max_position_embeddings": 8000, "head_dim": 64,
+    "num_attention_heads": 16, "num_hidden_layers": 8, "num_key_value_heads": 16, "num_quantizers": 16,
+    "num_semantic_quantizers": 1, "rms_norm_eps": 1e-05, "rope_theta": 10000, "semantic_codebook_size": 4096,
+    "sliding_window": 72, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2],
+    "vector_quantization_hidden_dimension": 512,
+}
+
+FRAMES = 300
+
+
+def random_codes(config: CodecDecoderConfig, batch: int, frames: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, config.codebook_size, (batch, config.num_quantizers, frames), generator=generator)
+
+
+def random_decoder(config: CodecDecoderConfig, seed: int = 0) -> CodecDecoder:
+    decoder = CodecDecoder(config).eval()
+    decoder.randomize_(torch.Generator().manual_seed(seed))
+    return decoder
+
+
+def reference_decoder(raw_decoder_config: dict) -> torch.nn.Module:
+    import_reference()
+    from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
+
+    config = Qwen3TTSTokenizerV2Config(decoder_config=raw_decoder_config)
+    return Qwen3TTSTokenizerV2Model(config).decoder.eval()
+
+
+def assert_audible(wave: torch.Tensor) -> None:
+    """Random weights must give a waveform a parity check can see: neither silence nor a clipped square."""
+    rms = wave.pow(2).mean().sqrt().item()
+    assert 0.02 < rms < 0.8, rms
+    assert (wave.abs() >= 1).float().mean().item() < 0.05
+    assert wave.flatten(1).std(dim=1).min().item() > 0.01
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape
+    return (a - b).abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def small_config() -> CodecDecoderConfig:
+    return CodecDecoderConfig.parse(SMALL)
+
+
+@pytest.fixture(scope="module")
+def small_decoder(small_config: CodecDecoderConfig) -> CodecDecoder:
+    return random_decoder(small_config)
+
+
+@pytest.fixture(scope="module")
+def long_codes(small_config: CodecDecoderConfig) -> torch.Tensor:
+    return random_codes(small_config, batch=1, frames=FRAMES, seed=1)
+
+
+@pytest.fixture(scope="module")
+def long_one_shot(small_decoder: CodecDecoder, long_codes: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return small_decoder(long_codes)
+
+
+@pytest.fixture(scope="module")
+def small_reference(small_decoder: CodecDecoder) -> torch.nn.Module:
+    return reference_decoder(SMALL)
+
+
+# --- parity with the reference ------------------------------------------------------------------------
+
+@pytest.mark.parity
+def test_state_dict_names_and_shapes_equal_the_reference_decoder(small_decoder: CodecDecoder,
+                                                                 small_reference: torch.nn.Module) -> None:
+    ours = [(name, tuple(t.shape)) for name, t in small_decoder.state_dict().items()]
+    theirs = [(name, tuple(t.shape)) for name, t in small_reference.state_dict().items()]
+    assert ours == theirs
+    CodecDecoder(small_decoder.config).load_state_dict(small_reference.state_dict(), strict=True)
+
+
+@pytest.mark.parity
+def test_one_shot_decode_equals_the_reference(small_config: CodecDecoderConfig, small_decoder: CodecDecoder,
+                                              small_reference: torch.nn.Module, long_codes: torch.Tensor,
+                                              long_one_shot: torch.Tensor) -> None:
+    small_reference.load_state_dict(small_decoder.state_dict(), strict=True)
+    with torch.no_grad():
+        expected = small_reference(long_codes)
+    assert long_one_shot.shape == (1, 1, FRAMES * small_config.samples_per_frame)
+    assert max_diff(long_one_shot, expected) <= TOLERANCE
+    assert_audible(long_one_shot)
+
+
+@pytest.mark.parity
+def test_released_config_decode_equals_the_reference() -> None:
+    config = SpeechTokenizerConfig.parse({"decoder_config": RELEASED}).decoder
+    decoder = random_decoder(config)
+    reference = reference_decoder(RELEASED)
+    reference.load_state_dict(decoder.state_dict(), strict=True)
+    codes = random_codes(config, batch=1, frames=10, seed=2)
+    with torch.no_grad():
+        ours, expected = decoder(codes), reference(codes)
+    assert ours.shape == (1, 1, 10 * 1920)
+    assert max_diff(ours, expected) <= TOLERANCE
+    assert_audible(ours)
+
+
+# --- streaming ----------------------------------------------------------------------------------------
+
+def decode_in_chunks(decoder: CodecDecoder, codes: torch.Tensor, chunk: int,
+                     state: CodecStreamState | None = None) -> torch.Tensor:
+    state = decoder.new_stream_state(codes.shape[0]) if state is None else state
+    pieces = [decoder.decode_chunk(codes[:, :, start:start + chunk], state)
+              for start in range(0, codes.shape[2], chunk)]
+    return torch.cat(pieces, dim=-1)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 25])
+def test_chunked_streaming_equals_one_shot(small_decoder: CodecDecoder, long_codes: torch.Tensor,
+                                           long_one_shot: torch.Tensor, chunk: int) -> None:
+    state = small_decoder.new_stream_state(1)
+    streamed = decode_in_chunks(small_decoder, long_codes, chunk, state)
+    assert max_diff(streamed, long_one_shot[:, 0]) <= TOLERANCE
+    assert state.position.tolist() == [FRAMES]
+
+
+def test_decode_chunk_updates_state_in_place(small_config: CodecDecoderConfig,
+                                             small_decoder: CodecDecoder) -> None:
+    state = small_decoder.new_stream_state(2)
+    before = [(t.data_ptr(), t.shape) for t in state.tensors()]
+    snapshot = [t.clone() for t in state.tensors()]
+    out = small_decoder.decode_chunk(random_codes(small_config, 2, 3, seed=3), state)
+    assert out.shape == (2, 3 * small_config.samples_per_frame)
+    assert [(t.data_ptr(), t.shape) for t in state.tensors()] == before
+    changed = [not torch.equal(old, new) for old, new in zip(snapshot, state.tensors(), strict=True)]
+    assert all(changed), "every piece of state should carry something after a chunk"
+
+
+def stack_states(states: list[CodecStreamState]) -> CodecStreamState:
+    def cat(values: tuple) -> torch.Tensor | tuple:
+        if isinstance(values[0], tuple):
+            return tuple(torch.cat(parts) for parts in zip(*values, strict=True))
+        return torch.cat(values)
+
+    names = [field.name for field in dataclasses.fields(CodecStreamState)]
+    return CodecStreamState(**{name: cat(tuple(getattr(s, name) for s in states)) for name in names})
+
+
+def test_batched_rows_at_different_positions_decode_like_each_alone(small_config: CodecDecoderConfig,
+                                                                     small_decoder: CodecDecoder) -> None:
+    prefixes, frames, chunk = (0, 5, 13), 24, 4
+    streams = [random_codes(small_config, 1, prefix + frames, seed=10 + row)
+               for row, prefix in enumerate(prefixes)]
+    states = []
+    for prefix, codes in zip(prefixes, streams, strict=True):
+        state = small_decoder.new_stream_state(1)
+        if prefix:
+            small_decoder.decode_chunk(codes[:, :, :prefix], state)
+        states.append(state)
+    batch_state = stack_states(states)
+    together = torch.cat([codes[:, :, prefix:] for prefix, codes in zip(prefixes, streams, strict=True)])
+    streamed = decode_in_chunks(small_decoder, together, chunk, batch_state)
+
+    spf = small_config.samples_per_frame
+    for row, (prefix, codes) in enumerate(zip(prefixes, streams, strict=True)):
+        with torch.no_grad():
+            alone = small_decoder(codes)[0, 0, prefix * spf:]
+        assert max_diff(streamed[row], alone) <= TOLERANCE, f"row {row}"
+
+
+def test_reset_rows_makes_a_reused_row_decode_like_a_fresh_stream(small_config: CodecDecoderConfig,
+                                                                  small_decoder: CodecDecoder) -> None:
+    first, second, chunk = 20, 20, 5
+    old = random_codes(small_config, 2, first, seed=20)
+    new = random_codes(small_config, 2, second, seed=21)
+    state = small_decoder.new_stream_state(2)
+    decode_in_chunks(small_decoder, old, chunk, state)
+    state.reset_rows(torch.tensor([0]))
+    streamed = decode_in_chunks(small_decoder, new, chunk, state)
+    assert state.position.tolist() == [second, first + second]
+
+    spf = small_config.samples_per_frame
+    with torch.no_grad():
+        fresh = small_decoder(new[:1])[0, 0]
+        continued = small_decoder(torch.cat([old[1:], new[1:]], dim=2))[0, 0, first * spf:]
+    assert max_diff(streamed[0], fresh) <= TOLERANCE
+    assert max_diff(streamed[1], continued) <= TOLERANCE
+
+
+def test_codes_with_the_wrong_number_of_quantizers_are_rejected(small_config: CodecDecoderConfig,
+                                                               small_decoder: CodecDecoder) -> None:
+    codes = random_codes(small_config, 1, 2, seed=4)[:, :-1]
+    with pytest.raises(ValueError, match="expected codes"):
+        small_decoder.decode_chunk(codes, small_decoder.new_stream_state(1))

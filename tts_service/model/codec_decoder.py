@@ -1,0 +1,486 @@
+"""The 12 Hz speech-tokenizer decoder: codec codes [B, 16, T] -> 24 kHz waveform.
+
+Every layer is causal (left-padded convolutions, transposed convolutions trimmed on the right,
+sliding-window causal attention), so decoding a stream chunk by chunk while carrying a small
+fixed-size state per row gives exactly the samples a one-shot decode would. `forward` is simply
+a single chunk decoded from a fresh state; `decode_chunk` is the serving path.
+
+Parameter names follow the checkpoint's `decoder.*` keys (without the prefix).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tts_service.model.configs import CodecDecoderConfig
+
+ConvStates = tuple[torch.Tensor, ...]
+
+
+@dataclass
+class CodecStreamState:
+    """Per-row decoder state; every tensor has the batch dimension first and a fixed shape."""
+
+    position: torch.Tensor  # [B] int64: frames already decoded
+    keys: torch.Tensor  # [B, layers, kv_heads, window, head_dim]: rotated keys of the last `window` frames
+    values: torch.Tensor  # [B, layers, kv_heads, window, head_dim]
+    conv: ConvStates  # per stateful convolution: [B, channels, history]
+
+    def tensors(self) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for item in fields(self):
+            value = getattr(self, item.name)
+            out.extend(value if isinstance(value, tuple) else (value,))
+        return out
+
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """Return the given rows to the start of a stream, so a slot can serve a new request."""
+        for tensor in self.tensors():
+            tensor.index_fill_(0, rows, 0)
+
+
+class _Stateful(nn.Module):
+    """A layer that carries history; the decoder assigns it a slot in `CodecStreamState.conv`."""
+
+    slot: int = -1
+
+    def state_shape(self) -> tuple[int, int] | None:
+        raise NotImplementedError
+
+
+class CausalConv1d(_Stateful):
+    """Stride-1 convolution that sees only the past; its state is the last inputs it must look back at."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1,
+                 groups: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
+        self.history = (kernel_size - 1) * dilation
+
+    def state_shape(self) -> tuple[int, int] | None:
+        return (self.conv.in_channels, self.history) if self.history else None
+
+    def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
+        if not self.history:
+            return self.conv(x)
+        past = states[self.slot]
+        # A fresh state is zeros, which is exactly the zero left-padding of a one-shot decode.
+        extended = torch.cat((past, x), dim=-1)
+        past.copy_(extended[..., extended.shape[-1] - self.history:])
+        return self.conv(extended)
+
+
+class CausalConvTranspose1d(_Stateful):
+    """Transposed convolution trimmed on the right; its state is the overlap tail the next frame adds to."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
+        self.stride = stride
+        self.overlap = kernel_size - stride
+        if not 0 <= self.overlap <= stride:
+            raise ValueError("a causal transposed convolution needs stride <= kernel_size <= 2 * stride")
+
+    def state_shape(self) -> tuple[int, int] | None:
+        return (self.conv.out_channels, self.overlap) if self.overlap else None
+
+    def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
+        if not self.overlap:
+            return self.conv(x)
+        tail = states[self.slot]
+        length = x.shape[-1] * self.stride
+        y = F.conv_transpose1d(x, self.conv.weight, stride=self.stride)
+        y[..., :self.overlap] += tail
+        tail.copy_(y[..., length:])
+        return y[..., :length] + self.conv.bias[:, None]
+
+
+class SnakeBeta(nn.Module):
+    """x + sin²(x·e^alpha) / e^beta, with alpha and beta stored as logarithms."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor, states: ConvStates = ()) -> torch.Tensor:
+        frequency = self.alpha.exp()[None, :, None]
+        magnitude = self.beta.exp()[None, :, None]
+        # The reference's 1e-9 guard, kept so that results match it.
+        return x + (1.0 / (magnitude + 1e-9)) * torch.sin(x * frequency).pow(2)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
+        h = self.dwconv(x, states).transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int) -> None:
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
+        h = self.conv1(self.act1(x), states)
+        return x + self.conv2(self.act2(h), states)
+
+
+class DecoderBlock(nn.Module):
+    """Snake, upsample by `rate`, then residual units dilated 1, 3 and 9."""
+
+    def __init__(self, in_dim: int, out_dim: int, rate: int) -> None:
+        super().__init__()
+        self.block = nn.ModuleList([
+            SnakeBeta(in_dim),
+            CausalConvTranspose1d(in_dim, out_dim, 2 * rate, rate),
+            *(ResidualUnit(out_dim, dilation) for dilation in (1, 3, 9)),
+        ])
+
+    def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
+        for layer in self.block:
+            x = layer(x, states)
+        return x
+
+
+# --- residual vector quantizer (decode side only) -------------------------------------------------
+
+class _Codebook(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def lookup(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, T] -> [B, T, dim]; gathers before dividing so the work is O(codes), not O(codebook)."""
+        usage = self.cluster_usage[codes].clamp(min=1e-5)
+        return self.embedding_sum[codes] / usage[..., None]
+
+
+class _VectorQuantizer(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self._codebook = _Codebook(size, dim)
+
+
+class _ResidualQuantizer(nn.Module):
+    def __init__(self, num_quantizers: int, size: int, dim: int, outer_dim: int) -> None:
+        super().__init__()
+        # The encoder-side projection is never used here but is part of the checkpoint.
+        self.input_proj = nn.Conv1d(outer_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, outer_dim, 1, bias=False)
+        self.vq = nn.Module()
+        self.vq.layers = nn.ModuleList(_VectorQuantizer(size, dim) for _ in range(num_quantizers))
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, Q, T] -> [B, outer_dim, T]."""
+        total = self.vq.layers[0]._codebook.lookup(codes[:, 0])
+        for index in range(1, codes.shape[1]):
+            total = total + self.vq.layers[index]._codebook.lookup(codes[:, index])
+        return self.output_proj(total.transpose(1, 2))
+
+
+class SplitQuantizer(nn.Module):
+    """One semantic codebook and the acoustic rest, each with its own output projection."""
+
+    def __init__(self, config: CodecDecoderConfig) -> None:
+        super().__init__()
+        semantic = config.num_semantic_quantizers
+        if not 0 < semantic < config.num_quantizers:
+            raise ValueError("need at least one semantic and one acoustic quantizer")
+        dim = config.codebook_dim // 2
+        # The reference sizes both codebooks by `codebook_size`; `semantic_codebook_size` is unused.
+        self.rvq_first = _ResidualQuantizer(semantic, config.codebook_size, dim, config.codebook_dim)
+        self.rvq_rest = _ResidualQuantizer(config.num_quantizers - semantic, config.codebook_size, dim,
+                                           config.codebook_dim)
+        self.num_semantic = semantic
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        first = self.rvq_first.decode(codes[:, :self.num_semantic])
+        return first + self.rvq_rest.decode(codes[:, self.num_semantic:])
+
+
+# --- pre-transformer ----------------------------------------------------------------------------------
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class _LayerScale(nn.Module):
+    def __init__(self, size: int, initial: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((size,), initial))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class _Attention(nn.Module):
+    def __init__(self, config: CodecDecoderConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.window = config.sliding_window
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                past_keys: torch.Tensor, past_values: torch.Tensor) -> torch.Tensor:
+        """x [B, T, hidden]; past_* [B, KV, window, D] hold the previous `window` frames, oldest first."""
+        batch, length, _ = x.shape
+        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        keys = torch.cat((past_keys, _rotate(k, cos, sin)), dim=2)
+        values = torch.cat((past_values, v), dim=2)
+        # Shifting the window by the chunk length keeps every row's slot j at position
+        # `position - window + j`, whatever the row's position is, so no per-row indexing is needed.
+        past_keys.copy_(keys[:, :, length:])
+        past_values.copy_(values[:, :, length:])
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            keys = keys.repeat_interleave(groups, dim=1)
+            values = values.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(_rotate(q, cos, sin), keys, values, attn_mask=mask,
+                                             scale=self.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class _Mlp(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _TransformerLayer(nn.Module):
+    def __init__(self, config: CodecDecoderConfig) -> None:
+        super().__init__()
+        self.self_attn = _Attention(config)
+        self.mlp = _Mlp(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn_layer_scale = _LayerScale(config.hidden_size, config.layer_scale_initial_scale)
+        self.mlp_layer_scale = _LayerScale(config.hidden_size, config.layer_scale_initial_scale)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                past_keys: torch.Tensor, past_values: torch.Tensor) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, mask, past_keys, past_values)
+        x = x + self.self_attn_layer_scale(attended)
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class PreTransformer(nn.Module):
+    """Sliding-window causal transformer over latent frames, between two linear projections."""
+
+    def __init__(self, config: CodecDecoderConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_TransformerLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_proj = nn.Linear(config.latent_dim, config.hidden_size)
+        self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
+        self.window = config.sliding_window
+        self.head_dim = config.head_dim
+        self.theta = config.rope_theta
+        self.register_buffer("inv_freq", self.rope_frequencies(), persistent=False)
+
+    def rope_frequencies(self) -> torch.Tensor:
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
+        return 1.0 / (self.theta ** exponents)
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor, keys: torch.Tensor,
+                values: torch.Tensor) -> torch.Tensor:
+        """x [B, T, latent] for frames starting at each row's `position` [B]; keys/values as in the state."""
+        length = x.shape[1]
+        offsets = torch.arange(-self.window, length, device=x.device)
+        key_positions = position[:, None] + offsets  # [B, window + T]
+        query_positions = key_positions[:, self.window:]  # [B, T]
+        distance = query_positions[:, :, None] - key_positions[:, None, :]
+        # Key k is visible from query q when 0 <= q - k < window and k is a real frame (not before the start).
+        mask = (distance >= 0) & (distance < self.window) & (key_positions[:, None, :] >= 0)
+        # RoPE angles in fp32 as the reference does, then cast to the compute dtype.
+        angles = query_positions.float()[..., None] * self.inv_freq
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, D]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        h = self.input_proj(x)
+        for index, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, mask[:, None], keys[:, index], values[:, index])
+        return self.output_proj(self.norm(h))
+
+
+# --- the decoder ------------------------------------------------------------------------------------
+
+class CodecDecoder(nn.Module):
+    def __init__(self, config: CodecDecoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.samples_per_frame = config.samples_per_frame
+        self.pre_transformer = PreTransformer(config)
+        self.quantizer = SplitQuantizer(config)
+        self.pre_conv = CausalConv1d(config.codebook_dim, config.latent_dim, 3)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalConvTranspose1d(config.latent_dim, config.latent_dim, factor, factor),
+                           ConvNeXtBlock(config.latent_dim)])
+            for factor in config.upsampling_ratios
+        )
+        dims = [config.decoder_dim // 2 ** index for index in range(len(config.upsample_rates) + 1)]
+        self.decoder = nn.ModuleList([
+            CausalConv1d(config.latent_dim, config.decoder_dim, 7),
+            *(DecoderBlock(dims[i], dims[i + 1], rate) for i, rate in enumerate(config.upsample_rates)),
+            SnakeBeta(dims[-1]),
+            CausalConv1d(dims[-1], 1, 7),
+        ])
+        self._stateful = [m for m in self.modules() if isinstance(m, _Stateful) and m.state_shape()]
+        for slot, module in enumerate(self._stateful):
+            module.slot = slot
+
+    # --- state -------------------------------------------------------------------------------------
+
+    def new_stream_state(self, batch_size: int, device: torch.device | str | None = None,
+                         dtype: torch.dtype | None = None) -> CodecStreamState:
+        reference = self.pre_conv.conv.weight
+        device = reference.device if device is None else device
+        dtype = reference.dtype if dtype is None else dtype
+        config = self.config
+        kv_shape = (batch_size, config.num_hidden_layers, config.num_key_value_heads, config.sliding_window,
+                    config.head_dim)
+        return CodecStreamState(
+            position=torch.zeros(batch_size, dtype=torch.int64, device=device),
+            keys=torch.zeros(kv_shape, dtype=dtype, device=device),
+            values=torch.zeros(kv_shape, dtype=dtype, device=device),
+            conv=tuple(torch.zeros((batch_size, *m.state_shape()), dtype=dtype, device=device)
+                       for m in self._stateful),
+        )
+
+    # --- decoding ----------------------------------------------------------------------------------
+
+    def _decode(self, codes: torch.Tensor, state: CodecStreamState) -> torch.Tensor:
+        if codes.dim() != 3 or codes.shape[1] != self.config.num_quantizers:
+            raise ValueError(f"expected codes [B, {self.config.num_quantizers}, T], got {tuple(codes.shape)}")
+        convs = state.conv
+        latent = self.pre_conv(self.quantizer(codes), convs)
+        latent = self.pre_transformer(latent.transpose(1, 2), state.position, state.keys, state.values)
+        state.position.add_(codes.shape[2])
+        h = latent.transpose(1, 2)
+        for stage in self.upsample:
+            for layer in stage:
+                h = layer(h, convs)
+        for layer in self.decoder:
+            h = layer(h, convs)
+        return h.clamp(min=-1.0, max=1.0)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, Q, T] -> waveform [B, 1, T * samples_per_frame], decoded in one shot."""
+        return self._decode(codes, self.new_stream_state(codes.shape[0]))
+
+    @torch.no_grad()
+    def decode_chunk(self, codes: torch.Tensor, state: CodecStreamState) -> torch.Tensor:
+        """Decode the next `T` frames of each row's stream; `state` is advanced in place.
+
+        codes [B, Q, T] -> waveform [B, T * samples_per_frame]. Shapes depend only on (B, T), and nothing
+        synchronises with the host, so a fixed (B, T) can be captured in a CUDA graph.
+        """
+        return self._decode(codes, state)[:, 0]
+
+    # --- random weights ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def randomize_(self, generator: torch.Generator, std: float = 0.02) -> None:
+        """Fill every weight with plausible random values (for random-weight checkpoints and tests).
+
+        Transformer matrices use `std`, as a Hugging Face initialiser would. Convolutions instead use
+        1/sqrt(fan_in): some 30 of them are stacked and their fan-in spans 7 to 10k, so any single std
+        would make the signal vanish or blow past the final clamp. Gains (ConvNeXt gamma, layer scales)
+        are set large enough that each branch visibly changes the waveform, which is what lets a parity
+        test catch a mistake in any of them.
+        """
+
+        device = generator.device
+
+        def normal(tensor: torch.Tensor, mean: float, scale: float) -> None:
+            tensor.copy_(torch.randn(tensor.shape, generator=generator, device=device) * scale + mean)
+
+        def fan_in_normal(weight: torch.Tensor, fan_in: int, gain: float = 1.0) -> None:
+            normal(weight, 0.0, gain / math.sqrt(fan_in))
+
+        layer_scale = self.config.layer_scale_initial_scale
+        for module in self.modules():
+            if isinstance(module, _Codebook):
+                normal(module.embedding_sum, 0.0, 1.0)
+                usage = torch.rand(module.cluster_usage.shape, generator=generator, device=device)
+                module.cluster_usage.copy_(usage * 1.5 + 0.5)
+            elif isinstance(module, _RMSNorm | nn.LayerNorm):
+                normal(module.weight, 1.0, 0.1)
+                if isinstance(module, nn.LayerNorm):
+                    normal(module.bias, 0.0, 0.02)
+            elif isinstance(module, _LayerScale):
+                # Trained layer scales drift upwards from their initial value; 10x keeps attention visible.
+                normal(module.scale, 10 * layer_scale, 2 * layer_scale)
+            elif isinstance(module, SnakeBeta):
+                normal(module.alpha, 0.0, 0.3)
+                normal(module.beta, 0.0, 0.3)
+            elif isinstance(module, nn.Conv1d | nn.ConvTranspose1d):
+                kernel, stride = module.kernel_size[0], module.stride[0]
+                # A transposed convolution feeds each output sample from kernel/stride input frames.
+                taps = kernel // stride if isinstance(module, nn.ConvTranspose1d) else kernel
+                fan_in_normal(module.weight, module.in_channels // module.groups * taps)
+                if module.bias is not None:
+                    normal(module.bias, 0.0, 0.02)
+            elif isinstance(module, nn.Linear):
+                normal(module.weight, 0.0, std)
+                if module.bias is not None:
+                    normal(module.bias, 0.0, 0.02)
+        for module in self.modules():
+            if isinstance(module, ConvNeXtBlock):
+                # Its pointwise layers are convolutions in spirit: keep their gain near one.
+                fan_in_normal(module.pwconv1.weight, module.pwconv1.in_features)
+                fan_in_normal(module.pwconv2.weight, module.pwconv2.in_features)
+                normal(module.gamma, 0.3, 0.05)
+            elif isinstance(module, ResidualUnit):
+                # At unit gain each of the 12 residual units would double the signal; a small branch keeps
+                # the waveform stage near unit scale and Snake's sin() in its smooth range.
+                fan_in_normal(module.conv2.conv.weight, module.conv2.conv.in_channels, gain=0.3)
+            elif isinstance(module, _ResidualQuantizer):
+                # Its codebooks are summed, so each contributes a share of the variance.
+                count = len(module.vq.layers)
+                fan_in_normal(module.output_proj.weight, module.output_proj.in_channels * count)
+        # The last convolution sets the loudness: aim well inside the clamp.
+        fan_in_normal(self.decoder[-1].conv.weight, self.decoder[-1].conv.in_channels * 7, gain=0.15)
+        self.pre_transformer.inv_freq.copy_(self.pre_transformer.rope_frequencies())
