@@ -7,6 +7,7 @@ plain: a growing key/value cache per layer, left-padded prompts, no graphs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +64,10 @@ class EagerKVCache:
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
 
+    def prepare(self, start: int, num_tokens: int) -> None:
+        """Called before each forward: `num_tokens` new tokens follow the ones already held."""
+        self.append_valid(num_tokens)
+
     def append_valid(self, num_tokens: int) -> None:
         extra = torch.ones(self.key_valid.shape[0], num_tokens, dtype=torch.bool, device=self.key_valid.device)
         self.key_valid = torch.cat([self.key_valid, extra], dim=1)
@@ -100,19 +105,31 @@ def process_codebook0_logits(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     return scores.masked_fill(suppressed, float("-inf"))
 
 
+class PredictorMemory(Protocol):
+    """The code predictor's key/value memory for one frame's short sequence."""
+
+    def prepare(self, start: int, num_tokens: int) -> None: ...
+
+    def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor) -> torch.Tensor: ...
+
+
 def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, code0: torch.Tensor,
-                                rows: RowSampling, seeds: torch.Tensor, first_draw: torch.Tensor) -> torch.Tensor:
-    """Run the code predictor for one frame: [B] codebook 0 -> [B, G-1] codebooks 1..G-1."""
+                                rows: RowSampling, seeds: torch.Tensor, first_draw: torch.Tensor,
+                                memory: PredictorMemory) -> torch.Tensor:
+    """Run the code predictor for one frame: [B] codebook 0 -> [B, G-1] codebooks 1..G-1.
+
+    The sequence is [talker hidden, embed(code 0)] at positions 0-1, then one code per step.
+    """
     predictor = talker.code_predictor
     batch = code0.shape[0]
-    cache = EagerKVCache(torch.ones(batch, 0, dtype=torch.bool, device=code0.device))
     inputs = torch.stack([talker_hidden, talker.embed_codec(code0)], dim=1)
     codes: list[torch.Tensor] = []
     for codebook in range(1, talker.config.num_code_groups):
         start = 0 if codebook == 1 else codebook
         positions = torch.arange(start, start + inputs.shape[1], device=code0.device).expand(batch, -1)
-        cache.append_valid(inputs.shape[1])
-        hidden = predictor.hidden(inputs, positions, cache)[:, -1]
+        memory.prepare(start, inputs.shape[1])
+        hidden = predictor.hidden(inputs, positions, memory)[:, -1]
         scores = predictor.logits(codebook, hidden).float()
         code = sample(scores, rows, seeds, first_draw + codebook)
         codes.append(code)
@@ -166,8 +183,9 @@ def generate_codes(talker: Talker, requests: list[GenerationRequest], tts_pad_id
                 reasons[row] = "stop"
         if all(reason is not None for reason in reasons):
             break
-        frame = torch.cat([code0[:, None],
-                           predict_remaining_codebooks(talker, hidden, code0, predictor_rows, seeds, draws)], dim=1)
+        memory = EagerKVCache(torch.ones(batch, 0, dtype=torch.bool, device=device))
+        rest = predict_remaining_codebooks(talker, hidden, code0, predictor_rows, seeds, draws, memory)
+        frame = torch.cat([code0[:, None], rest], dim=1)
         for row in range(batch):
             if reasons[row] is None:
                 frames[row].append(frame[row])

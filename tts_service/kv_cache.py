@@ -536,7 +536,7 @@ class PagedPrefillBackend:
 
         span = self.block_tables.shape[1] * self.cache.block_size
         key_positions = torch.arange(span, device=query.device)
-        key_valid = key_positions[None, :] < (self.lengths)[:, None]  # [B, S]
+        key_valid = key_positions[None, :] < (self.start_positions + self.lengths)[:, None]  # [B, S]
         # Padding queries see every held key (their positions lie past the end); key 0 is always
         # allowed so an all-padding row (length 0, nothing held) still has one finite term.
         causal = key_positions[None, None, :] <= positions[:, :, None]

@@ -53,13 +53,20 @@ def reference_mel(wav: np.ndarray) -> torch.Tensor:
                            hop_size=256, win_size=1024, fmin=0, fmax=12000)
 
 
-@pytest.mark.parity
-@pytest.mark.parametrize("name", CONFIGS)
-def test_state_dict_loads_strictly_into_the_reference_and_back(name: str) -> None:
-    ours = random_encoder(CONFIGS[name])
-    reference = reference_encoder(CONFIGS[name])
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def pair(request: pytest.FixtureRequest) -> tuple[SpeakerEncoder, Any]:
+    """Our randomised encoder and the reference module holding the same weights, per config."""
+    config = CONFIGS[request.param]
+    ours = random_encoder(config)
+    reference = reference_encoder(config)
     reference.load_state_dict(ours.state_dict(), strict=True)
-    fresh = SpeakerEncoder(CONFIGS[name])
+    return ours, reference
+
+
+@pytest.mark.parity
+def test_state_dict_loads_strictly_into_the_reference_and_back(pair: tuple[SpeakerEncoder, Any]) -> None:
+    ours, reference = pair
+    fresh = SpeakerEncoder(ours.config)
     fresh.load_state_dict(reference.state_dict(), strict=True)
     assert all(torch.equal(fresh.state_dict()[key], value) for key, value in ours.state_dict().items())
 
@@ -93,16 +100,13 @@ def test_log_mel_matches_reference_front_end() -> None:
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("name", CONFIGS)
-def test_embedding_matches_reference_module_on_the_same_weights(name: str) -> None:
-    ours = random_encoder(CONFIGS[name])
-    reference = reference_encoder(CONFIGS[name])
-    reference.load_state_dict(ours.state_dict(), strict=True)
+def test_embedding_matches_reference_module_on_the_same_weights(pair: tuple[SpeakerEncoder, Any]) -> None:
+    ours, reference = pair
     wav = sweep_signal()
     with torch.inference_mode():
         expected = reference(reference_mel(wav).transpose(1, 2))[0]
     embedding = ours.embed(torch.from_numpy(wav))
-    assert embedding.shape == (CONFIGS[name].enc_dim,)
+    assert embedding.shape == (ours.config.enc_dim,)
     torch.testing.assert_close(embedding, expected, rtol=1e-4, atol=1e-4)
 
 

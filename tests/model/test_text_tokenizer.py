@@ -46,7 +46,7 @@ TEXTS = {
     "portuguese": "Você já experimentou o pão de queijo mineiro?",
     "russian": "Как пройти к ближайшей станции метро?",
     "mixed": "Order #42 costs $3.50 (≈ €3.20) — 好的 👍 ok? 🎉🎉",
-    "camel_case": "HelloWorld iPhone read/write DON'T you're",
+    "camel_case": "HelloWorld, an iPhone on YouTube, read/write DON'T you're",
     "emoji_sequences": "👩‍👩‍👧 🏳️‍🌈 👍🏽 1️⃣ 🇯🇵",
     "unseen_script": "नमस्ते दुनिया — שלום — مرحبا — สวัสดี",
 }

@@ -12,28 +12,36 @@ The state-dict keys are Mimi's own (`encoder.*`, `encoder_transformer.*`, `downs
 from __future__ import annotations
 
 import math
+import types
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import MimiConfig, MimiModel
-from transformers.models.mimi.modeling_mimi import (
-    MimiEuclideanCodebook,
-    MimiLayerScale,
-    MimiResidualVectorQuantizer,
-)
 
 from tts_service.model.configs import ConfigError, SpeechTokenizerConfig
 
-# The calibration signal for random codebooks: long enough for the transformer to see context.
-_PROBE_SECONDS = 2.0
+if TYPE_CHECKING:
+    from transformers import MimiConfig
+    from transformers.models.mimi.modeling_mimi import MimiResidualVectorQuantizer
+
+# The calibration signal for random codebooks: a dozen frames estimate a mean and a spread well enough.
+_PROBE_SECONDS = 1.0
 _PROBE_AMPLITUDE = 0.1
 # Random centroids at half the spread of the vectors they quantise: close enough that the nearest
 # one depends on the input, far enough apart that each stage still leaves a residual for the next.
 _CENTROID_SPREAD = 0.5
 
 
+def _mimi_library() -> types.ModuleType:
+    # Imported on first use: transformers' modelling stack takes seconds to import, and only Base
+    # checkpoints serving in-context cloning build this encoder.
+    from transformers.models.mimi import modeling_mimi
+
+    return modeling_mimi
+
+
 def _validated_mimi_config(config: SpeechTokenizerConfig) -> MimiConfig:
-    mimi = MimiConfig(**config.encoder)
+    mimi = _mimi_library().MimiConfig(**config.encoder)
     where = "speech_tokenizer/config.json encoder_config"
     if mimi.sampling_rate != config.input_sample_rate:
         raise ConfigError(f"{where}: sampling_rate {mimi.sampling_rate} differs from input_sample_rate "
@@ -53,7 +61,7 @@ class CodecEncoder(nn.Module):
 
     def __init__(self, config: SpeechTokenizerConfig) -> None:
         super().__init__()
-        mimi = MimiModel(_validated_mimi_config(config))
+        mimi = _mimi_library().MimiModel(_validated_mimi_config(config))
         mimi.upsample = mimi.decoder_transformer = mimi.decoder = None
         # Registered one by one so the keys carry no extra prefix; the MimiModel itself stays
         # unregistered (it would list every tensor twice) and supplies the `encode` logic.
@@ -67,7 +75,8 @@ class CodecEncoder(nn.Module):
 
     @property
     def _weight(self) -> torch.Tensor:
-        return self.quantizer.semantic_residual_vector_quantizer.layers[0].codebook.embed_sum
+        """A weight whose device and dtype the audio must follow (the reference uses the model dtype)."""
+        return next(self.encoder.parameters())
 
     def num_frames(self, num_samples: int) -> int:
         """Codes kept for a clip: one per started frame, as the reference keeps."""
@@ -91,8 +100,9 @@ class CodecEncoder(nn.Module):
         # Mimi memoises each codebook's centroids (embed_sum / cluster_usage) on first use and never
         # refreshes them, so weights loaded, randomised, cast or moved afterwards would be ignored.
         # Recomputing them costs far less than the convolutions of even a short clip.
+        codebook_type = _mimi_library().MimiEuclideanCodebook
         for module in self.quantizer.modules():
-            if isinstance(module, MimiEuclideanCodebook):
+            if isinstance(module, codebook_type):
                 module._embed = None
 
     @torch.no_grad()
@@ -105,6 +115,7 @@ class CodecEncoder(nn.Module):
         wrong scale or offset pick the same entry for every frame. So each quantizer is calibrated
         on a probe of random noise: centroids are spread around the vectors it actually receives.
         """
+        layer_scale_type = _mimi_library().MimiLayerScale
         for module in self.modules():
             if isinstance(module, nn.Conv1d | nn.ConvTranspose1d):
                 fan_in = module.in_channels // module.groups * module.kernel_size[0]
@@ -118,7 +129,7 @@ class CodecEncoder(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 module.weight.copy_(1.0 + 0.1 * _randn(module.weight, generator))
                 module.bias.copy_(_randn(module.bias, generator) * std)
-            elif isinstance(module, MimiLayerScale):
+            elif isinstance(module, layer_scale_type):
                 initial = self._mimi.config.layer_scale_initial_scale
                 module.scale.copy_(10 * initial * (1.0 + 0.2 * _randn(module.scale, generator)))
         self._calibrate_codebooks_(generator)

@@ -104,6 +104,7 @@ She opened the window, listened to the rain, and smiled at the quiet street.
 Thank you for calling. Your order number is 4821, and it will arrive on Tuesday.
 Could you tell me where the nearest library is? I would like to borrow a book.
 The quick brown fox jumps over the lazy dog while the children are laughing.
+He watched a YouTube video about the new iPhone and the PlayStation at McDonald's.
 Don't worry, we'll finish the project together; it's going to be fine.
 Speak in a calm, low voice, as if you were telling a bedtime story.
 A young woman with a bright and clear voice, speaking a little faster than usual.
@@ -286,7 +287,7 @@ def _qwen2_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
 
 
 def _training_sequences(pre_tokenizer: pre_tokenizers.PreTokenizer) -> list[str]:
-    """The corpus, plus each multi-byte character on lines of its own, repeated.
+    """The corpus, plus each multi-byte character alone, repeated.
 
     Repeated once more than the corpus's most frequent byte pair, the pairs inside a character
     outrank every other pair, so each character is whole before any merge reaches across into the
@@ -295,7 +296,9 @@ def _training_sequences(pre_tokenizer: pre_tokenizers.PreTokenizer) -> list[str]
     lines = TRAINING_CORPUS.splitlines()
     weight = _most_frequent_pair_count(lines, pre_tokenizer) + 1
     characters = sorted({char for char in TRAINING_CORPUS if len(char.encode()) > 1})
-    return [*lines, *((char + "\n") * weight for char in characters)]
+    # One sequence per copy: joined by any separator, the pre-tokenizer would glue some (punctuation,
+    # emoji) to it and boost that pair instead.
+    return [*lines, *(char for char in characters for _ in range(weight))]
 
 
 def _most_frequent_pair_count(lines: Iterable[str], pre_tokenizer: pre_tokenizers.PreTokenizer) -> int:
@@ -383,7 +386,7 @@ def load_text_tokenizer(directory: Path) -> PreTrainedTokenizerFast:
                                 "are missing")
     # The reference passes fix_mistral_regex=True; loading differently could change the pre-tokenizer
     # regex and so the ids for the same text.
-    tokenizer = AutoTokenizer.from_pretrained(str(directory), fix_mistral_regex=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise TextTokenizerError(f"{directory}: expected a fast tokenizer, got {type(tokenizer).__name__}")
     return tokenizer

@@ -1,0 +1,274 @@
+"""The model runner: owns the device, the paged talker KV memory, per-slot state and CUDA graphs.
+
+Start-up reads: load weights -> allocate slot state and KV blocks -> capture one decode graph per
+batch bucket. A step is `execute(StepInput) -> StepOutput`: prefill the new requests (eager,
+batched), decode one frame for every running request (a graph replay padded to the next
+captured batch size), then copy every produced frame to the host in one transfer.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tts_service.frame_step import FrameSampler, PredictorCache, SlotState
+from tts_service.generate import GenerationParams
+from tts_service.kv_cache import PagedDecodeBackend, PagedKVCache, PagedPrefillBackend
+from tts_service.model.checkpoint import LoadedModel
+from tts_service.model.codec_decoder import CodecStreamState
+from tts_service.model.embedding import embed_prompt, embed_text_ids
+from tts_service.prompts import Prompt
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    max_num_slots: int = 256
+    block_size: int = 32
+    max_positions_per_request: int = 4096
+    num_kv_blocks: int | None = None  # None: size from free device memory
+    kv_memory_fraction: float = 0.6
+    graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+    use_cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_slots < 1:
+            raise ValueError("max_num_slots must be >= 1")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a power of two")
+        if not 0.0 < self.kv_memory_fraction < 1.0:
+            raise ValueError("kv_memory_fraction must be in (0, 1)")
+        if sorted(set(self.graph_batch_sizes)) != list(self.graph_batch_sizes) or self.graph_batch_sizes[0] < 1:
+            raise ValueError("graph_batch_sizes must be increasing positive integers")
+
+    @property
+    def max_blocks_per_request(self) -> int:
+        return -(-self.max_positions_per_request // self.block_size)
+
+    def batch_buckets(self) -> tuple[int, ...]:
+        """Captured sizes up to the slot count, always ending at the slot count itself."""
+        sizes = [size for size in self.graph_batch_sizes if size < self.max_num_slots]
+        return (*sizes, self.max_num_slots)
+
+
+@dataclass(frozen=True)
+class PrefillInput:
+    slot: int
+    block_ids: tuple[int, ...]
+    prompt: Prompt
+    params: GenerationParams
+    speaker_embedding: torch.Tensor | None = None
+    # A preempted request resumes by re-reading its frames, each with the text token it consumed.
+    resumed_frames: tuple[tuple[int, ...], ...] = ()
+    resumed_text_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DecodeInput:
+    slot: int
+    block_ids: tuple[int, ...]
+    position: int  # KV position of this step's input (the previous frame)
+    frame_index: int  # index of the frame this step produces
+    text_id: int  # text token added to the previous frame's embedding
+
+
+@dataclass(frozen=True)
+class StepInput:
+    prefills: tuple[PrefillInput, ...] = ()
+    decodes: tuple[DecodeInput, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    prefill_frames: np.ndarray  # [num_prefills, G] int64, in StepInput order
+    decode_frames: np.ndarray  # [num_decodes, G] int64
+
+
+@dataclass
+class _DecodeBuffers:
+    slots: torch.Tensor
+    text_ids: torch.Tensor
+    frame_index: torch.Tensor
+    frames: torch.Tensor
+    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(self, model: LoadedModel, config: RunnerConfig) -> None:
+        self.model = model
+        self.config = config
+        self.talker = model.talker
+        self.device = model.device
+        self.dtype = self.talker.codec_head.weight.dtype
+        talker_config = model.config.talker
+        self.num_groups = talker_config.num_code_groups
+        self.tts_pad_id = model.config.tts_pad_token_id
+        self.buckets = config.batch_buckets()
+        max_batch = self.buckets[-1]
+
+        self.state = SlotState.allocate(config.max_num_slots, talker_config.layers.vocab_size, self.num_groups,
+                                        self.device)
+        self.sampler = FrameSampler(self.talker, self.state, PredictorCache(self.talker, max_batch, self.dtype,
+                                                                            self.device))
+        self.kv_cache = PagedKVCache(talker_config.layers.num_hidden_layers, self._num_kv_blocks(),
+                                     config.block_size, talker_config.layers.num_key_value_heads,
+                                     talker_config.layers.head_dim, self.dtype, self.device)
+        self.decode_backend = PagedDecodeBackend(self.kv_cache, max_batch, config.max_blocks_per_request)
+        self.prefill_backend = PagedPrefillBackend(self.kv_cache)
+        scratch = self.state.scratch_slot
+        self.buffers = _DecodeBuffers(
+            slots=torch.full((max_batch,), scratch, dtype=torch.int64, device=self.device),
+            text_ids=torch.full((max_batch,), self.tts_pad_id, dtype=torch.int64, device=self.device),
+            frame_index=torch.zeros(max_batch, dtype=torch.int64, device=self.device),
+            frames=torch.zeros(max_batch, self.num_groups, dtype=torch.int64, device=self.device),
+        )
+        self.codec_state = model.codec_decoder.new_stream_state(config.max_num_slots + 1, self.device, self.dtype)
+        self.pad_embedding = embed_text_ids(self.talker, [self.tts_pad_id])[0]
+        self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
+        if self.uses_graphs:
+            self._capture_graphs()
+
+    # -- sizing -------------------------------------------------------------------------------
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        layers = self.model.config.talker.layers
+        if self.device.type != "cuda":
+            return self.config.max_num_slots * self.config.max_blocks_per_request // 4 + 1
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return PagedKVCache.num_blocks_for_budget(int(free * self.config.kv_memory_fraction),
+                                                  layers.num_hidden_layers, self.config.block_size,
+                                                  layers.num_key_value_heads, layers.head_dim, self.dtype)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """Blocks requests may use (the cache's scratch block is not one of them)."""
+        return self.kv_cache.scratch_block
+
+    # -- decode -------------------------------------------------------------------------------
+
+    def _decode_step(self, batch: int) -> None:
+        """The whole frame for `batch` rows: talker decode, codebook 0, code predictor, codebooks 1..G-1."""
+        buffers = self.buffers
+        slots = buffers.slots[:batch]
+        inputs = self.talker.embed_frame(self.state.last_frame[slots]) + self.talker.embed_text(
+            buffers.text_ids[:batch])
+        positions = self.decode_backend.positions[:batch]
+        hidden = self.talker.hidden(inputs[:, None], positions[:, None], self.decode_backend)[:, 0]
+        buffers.frames[:batch] = self.sampler(hidden, slots, buffers.frame_index[:batch])
+
+    def _capture_graphs(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        self.decode_backend.set_metadata(torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int64))
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for batch in reversed(self.buckets):
+                self._decode_step(batch)  # warm-up: lazy initialisation stays out of the graph
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self._decode_step(batch)
+                self.buffers.graphs[batch] = graph
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+
+    def bucket_for(self, batch: int) -> int:
+        return self.buckets[bisect.bisect_left(self.buckets, batch)]
+
+    def _decode(self, decodes: tuple[DecodeInput, ...]) -> torch.Tensor:
+        batch = len(decodes)
+        width = max(len(d.block_ids) for d in decodes)
+        tables = torch.tensor([d.block_ids + (0,) * (width - len(d.block_ids)) for d in decodes], dtype=torch.int32)
+        self.decode_backend.set_metadata(tables, torch.tensor([d.position for d in decodes], dtype=torch.int64))
+        buffers = self.buffers
+        bucket = self.bucket_for(batch) if self.uses_graphs else batch
+        host = torch.tensor([[d.slot, d.text_id, d.frame_index] for d in decodes], dtype=torch.int64)
+        buffers.slots.fill_(self.state.scratch_slot)
+        buffers.text_ids.fill_(self.tts_pad_id)
+        buffers.frame_index.zero_()
+        buffers.slots[:batch].copy_(host[:, 0], non_blocking=True)
+        buffers.text_ids[:batch].copy_(host[:, 1], non_blocking=True)
+        buffers.frame_index[:batch].copy_(host[:, 2], non_blocking=True)
+        if self.uses_graphs:
+            buffers.graphs[bucket].replay()
+        else:
+            self._decode_step(batch)
+        return buffers.frames[:batch]
+
+    # -- prefill ------------------------------------------------------------------------------
+
+    def _prefill_embeddings(self, item: PrefillInput) -> torch.Tensor:
+        embeds = embed_prompt(self.talker, item.prompt, item.speaker_embedding)
+        if not item.resumed_frames:
+            return embeds
+        frames = torch.tensor(item.resumed_frames, dtype=torch.long, device=self.device)
+        text = embed_text_ids(self.talker, item.resumed_text_ids)
+        return torch.cat([embeds, self.talker.embed_frame(frames) + text])
+
+    def _prefill(self, prefills: tuple[PrefillInput, ...]) -> torch.Tensor:
+        embeds = [self._prefill_embeddings(item) for item in prefills]
+        lengths = torch.tensor([e.shape[0] for e in embeds], dtype=torch.int64)
+        longest = int(lengths.max())
+        inputs = torch.stack([F.pad(e, (0, 0, 0, longest - e.shape[0])) for e in embeds])
+        width = max(len(item.block_ids) for item in prefills)
+        tables = torch.tensor([item.block_ids + (0,) * (width - len(item.block_ids)) for item in prefills],
+                              dtype=torch.int32)
+        self.prefill_backend.set_metadata(tables, lengths)
+        positions = torch.arange(longest, device=self.device).expand(len(prefills), -1)
+        hidden = self.talker.hidden(inputs, positions, self.prefill_backend)
+        last = hidden[torch.arange(len(prefills), device=self.device), lengths.to(self.device) - 1]
+
+        for item in prefills:
+            self.state.assign(item.slot, item.params)
+            if item.resumed_frames:
+                code0 = torch.tensor([frame[0] for frame in item.resumed_frames], device=self.device)
+                self.state.seen[item.slot, code0] = True
+        slots = torch.tensor([item.slot for item in prefills], dtype=torch.int64, device=self.device)
+        frame_index = torch.tensor([len(item.resumed_frames) for item in prefills], dtype=torch.int64,
+                                   device=self.device)
+        return self.sampler(last, slots, frame_index)
+
+    # -- step ---------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, step: StepInput) -> StepOutput:
+        produced = []
+        if step.prefills:
+            produced.append(self._prefill(step.prefills))
+        if step.decodes:
+            produced.append(self._decode(step.decodes))
+        if not produced:
+            empty = np.zeros((0, self.num_groups), dtype=np.int64)
+            return StepOutput(empty, empty)
+        frames = torch.cat(produced).cpu().numpy()  # the step's one device-to-host copy
+        num_prefills = len(step.prefills)
+        return StepOutput(frames[:num_prefills], frames[num_prefills:])
+
+    # -- audio --------------------------------------------------------------------------------
+
+    def _codec_rows(self, slots: torch.Tensor) -> CodecStreamState:
+        state = self.codec_state
+        return CodecStreamState(position=state.position[slots], keys=state.keys[slots], values=state.values[slots],
+                                conv=tuple(t[slots] for t in state.conv))
+
+    def _store_codec_rows(self, slots: torch.Tensor, rows: CodecStreamState) -> None:
+        for target, source in zip(self.codec_state.tensors(), rows.tensors(), strict=True):
+            target.index_copy_(0, slots, source)
+
+    @torch.inference_mode()
+    def reset_audio(self, slots: list[int]) -> None:
+        self.codec_state.reset_rows(torch.tensor(slots, dtype=torch.int64, device=self.device))
+
+    @torch.inference_mode()
+    def decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
+        """Decode the next `codes` [n, T, G] of each slot's audio stream -> float32 samples [n, T * spf]."""
+        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        rows = self._codec_rows(index)
+        chunk = torch.from_numpy(codes).to(self.device).transpose(1, 2)
+        audio = self.model.codec_decoder.decode_chunk(chunk, rows)
+        self._store_codec_rows(index, rows)
+        return audio.float().cpu().numpy()
