@@ -126,7 +126,8 @@ class FrameSampler:
         seeds = state.seeds[slots]
         draws = frame_index * self.num_groups
         code0 = sample(scores, state.talker_rows(slots), seeds, draws)
-        state.seen[slots, code0] = True
+        # A device-side value: a Python scalar here would be a host copy, which graph capture forbids.
+        state.seen.index_put_((slots, code0), torch.ones_like(code0, dtype=torch.bool))
         rest = predict_remaining_codebooks(self.talker, hidden, code0, state.predictor_rows(slots), seeds, draws,
                                            self.predictor_cache)
         frame = torch.cat([code0[:, None], rest], dim=1)

@@ -11,7 +11,7 @@ Parameter names follow the checkpoint's `decoder.*` keys (without the prefix).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -32,11 +32,7 @@ class CodecStreamState:
     conv: ConvStates  # per stateful convolution: [B, channels, history]
 
     def tensors(self) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        for item in fields(self):
-            value = getattr(self, item.name)
-            out.extend(value if isinstance(value, tuple) else (value,))
-        return out
+        return [self.position, self.keys, self.values, *self.conv]
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         """Return the given rows to the start of a stream, so a slot can serve a new request."""

@@ -12,7 +12,8 @@ Two facts about that conversion shape the layout:
     unreachable filler entries up to the first special id, and every gap inside the special
     block is filled too (with the published Qwen3-TTS specials where they fit).
   * The reference loads with `fix_mistral_regex=True`, which in transformers 4.57.3 swaps the
-    Qwen pre-tokenizer regex for Mistral's whenever the directory's `config.json` has no
+    Qwen pre-tokenizer regex for Mistral's (it also splits at case changes: "iPhone" -> "i",
+    "Phone") when the vocabulary exceeds 100k tokens and the directory's `config.json` has no
     `transformers_version` or one in (4.57.2, 5.0). `load_text_tokenizer` loads the same way so
     that the service and the reference always cut text into the same ids.
 """
@@ -66,8 +67,8 @@ PUBLISHED_SPECIAL_BLOCK: tuple[tuple[str, bool], ...] = (
 # The model slices prompts assuming these are one token each.
 SINGLE_TOKEN_WORDS = ("assistant", "user", "system")
 
-# Qwen2's pre-tokenizer split, as transformers' Qwen2 converter builds it; merges learned under it
-# never cross a boundary the loaded tokenizer draws.
+# Qwen2's pre-tokenizer split, as transformers' Qwen2 converter installs it, so the merges are
+# learned on the same pieces the loaded tokenizer sees (the Mistral swap only cuts some finer).
 QWEN2_SPLIT_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -386,7 +387,7 @@ def load_text_tokenizer(directory: Path) -> PreTrainedTokenizerFast:
                                 "are missing")
     # The reference passes fix_mistral_regex=True; loading differently could change the pre-tokenizer
     # regex and so the ids for the same text.
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), fix_mistral_regex=True)
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise TextTokenizerError(f"{directory}: expected a fast tokenizer, got {type(tokenizer).__name__}")
     return tokenizer
