@@ -12,7 +12,8 @@ def test_a_burst_of_100_arrivals_never_stops_running_requests_from_decoding() ->
         scheduler.add(make_request(f"early{index}", num_prompt_positions=8, max_frames=80))
     run_step(scheduler, now=0.0)
     for index in range(100):
-        scheduler.add(make_request(f"burst{index}", num_prompt_positions=40, max_frames=20, arrival_time=0.01))
+        scheduler.add(make_request(f"burst{index}", num_prompt_positions=40, max_frames=20,
+                                   arrival_time=0.01))
     now = 0.01
     num_steps = 0
     while scheduler.has_unfinished_requests:

@@ -37,7 +37,8 @@ def test_a_40_frame_stream_is_chunked_1_2_4_8_12_12_then_a_final_1_at_the_exact_
     chunks = []
     for step in range(1, 43):
         output, _ = run_step(scheduler, now=step * 0.01)
-        chunks.extend((step, chunk.first_frame, chunk.num_frames, chunk.is_final) for chunk in output.codec_chunks)
+        chunks.extend((step, chunk.first_frame, chunk.num_frames, chunk.is_final)
+                      for chunk in output.codec_chunks)
     # A chunk is cut once its frames exist: frame f is produced by step f + 1, so its chunk is
     # scheduled the step after. The stream ends at 40 frames (LENGTH); the last 1 frame is flushed.
     assert chunks == [

@@ -38,7 +38,8 @@ def test_eos_from_the_prefill_finishes_with_no_frames_and_an_empty_final_chunk()
     scheduler.add(make_request("a"))
     run_step(scheduler, eos_ids={"a"})
     output, _ = run_step(scheduler)
-    assert [(chunk.first_frame, chunk.num_frames, chunk.is_final) for chunk in output.codec_chunks] == [(0, 0, True)]
+    chunks = [(chunk.first_frame, chunk.num_frames, chunk.is_final) for chunk in output.codec_chunks]
+    assert chunks == [(0, 0, True)]
 
 
 def test_an_error_finishes_only_the_failing_request() -> None:
@@ -53,7 +54,8 @@ def test_an_error_finishes_only_the_failing_request() -> None:
     output, _ = run_step(scheduler)
     assert [(item.request_id, item.reason) for item in output.freed] == [("b", FinishReason.ERROR)]
     assert ids(output.decodes) == ["a", "c"]
-    assert all(chunk.request_id != "b" for chunk in output.codec_chunks)  # a failed stream gets no final chunk
+    # A failed stream gets no final chunk.
+    assert all(chunk.request_id != "b" for chunk in output.codec_chunks)
 
 
 def test_codec_error_on_a_parked_request_finishes_it_with_error() -> None:

@@ -41,7 +41,8 @@ class RunnerView:
             assert chunk.first_frame + chunk.num_frames <= scheduler.requests[chunk.request_id].num_frames
             if chunk.is_final:
                 self.closed_streams.add(chunk.request_id)
-                assert self.next_codec_frame[chunk.request_id] == scheduler.requests[chunk.request_id].num_frames
+                num_frames = scheduler.requests[chunk.request_id].num_frames
+                assert self.next_codec_frame[chunk.request_id] == num_frames
 
 
 def check_output(output: SchedulerOutput, scheduler: Scheduler, config: SchedulerConfig, now: float) -> None:
@@ -95,7 +96,8 @@ def check_state(scheduler: Scheduler) -> None:
         else:
             assert request.slot is not None and request.block_ids
     num_finished = sum(request.is_finished for request in requests)
-    assert scheduler.num_waiting + scheduler.num_running + scheduler.num_parked + num_finished == len(requests)
+    num_live = scheduler.num_waiting + scheduler.num_running + scheduler.num_parked
+    assert num_live + num_finished == len(requests)
 
 
 def random_request(rng: random.Random, request_id: str, now: float) -> Request:
@@ -114,7 +116,8 @@ def run_random_step(scheduler: Scheduler, runner: RunnerView, rng: random.Random
         scheduler.abort(rng.choice(sorted(output.scheduled_request_ids | {"unknown"})))
     scheduled = sorted(output.scheduled_request_ids)
     eos_ids = {request_id for request_id in scheduled if rng.random() < 0.06}
-    errors = {request_id: "injected" for request_id in scheduled if rng.random() < 0.01 and request_id not in eos_ids}
+    errors = {request_id: "injected" for request_id in scheduled
+              if rng.random() < 0.01 and request_id not in eos_ids}
     scheduler.update(StepResult.for_output(output, eos_ids, errors), now)
     check_state(scheduler)
 

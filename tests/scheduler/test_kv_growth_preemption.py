@@ -66,7 +66,8 @@ def test_preempted_request_resumes_first_with_prompt_plus_frames_prefill() -> No
     assert outputs[9].preempted == ("new",)
     # The preempting step admits nothing, although "late" would fit in the 2 blocks it freed.
     assert ids(outputs[9].prefills) == []
-    # Next step "new" is at the front and does not fit (14 positions = 4 blocks, 2 free): "late" may not pass it.
+    # Next step "new" is at the front and does not fit (14 positions = 4 blocks, 2 free):
+    # "late" may not pass it.
     assert ids(outputs[10].prefills) == []
     assert scheduler.requests["late"].status is RequestStatus.WAITING
     run_step(scheduler, eos_ids={"old"})

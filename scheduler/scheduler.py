@@ -1,0 +1,476 @@
+"""Continuous batching for streaming TTS: which requests prefill, decode and reach the codec each step.
+
+The engine loop alternates strictly:
+
+    output = scheduler.schedule(now)      # decide; mutates only scheduler state
+    if not output.is_empty:
+        result = runner.execute(output)   # GPU work, see scheduler.outputs for the execution order
+        events = scheduler.update(result, now)
+
+add(), append_text() and abort() may be called between any two of these calls, including while the
+runner executes a step, but from the engine loop's thread only: the scheduler takes no locks.
+When an output is empty the loop should sleep until add/append_text/abort is called or until
+`next_deadline()`, never poll.
+
+One schedule() does, in order:
+  1. Deadlines and aborts. Requests whose deadline has passed are aborted (reason ABORTED), and
+     every aborted request releases its KV blocks and slot now, not in abort(), because abort() may
+     run while the runner still uses them. Finished requests whose final codec chunk ran last step
+     release their slot. All of these are reported in `freed`.
+  2. Decodes. Every admitted request whose next frame has its text (or whose text input is closed)
+     is decoded, oldest admission first, up to max_running; the rest are PARKED and keep their KV
+     and slot. A decode that crosses a block boundary takes one more block. When none is free the
+     scheduler preempts: parked requests first (they are idle, so preempting them stalls no audio),
+     then the most recently admitted decoding request, and as a last resort the request itself.
+     A preempted request frees its blocks and slot, keeps its frames and waits at the front of the
+     queue; it is resumed by prefilling prompt + frames. "Most recently admitted" means by first
+     admission, so a resumed request keeps its seniority and is not the next victim again.
+  3. Admission, only in a step that preempted nothing (preempting to make room and then filling
+     the room with new work would thrash). Waiting requests are taken in order, preempted ones
+     first (oldest admission first), then new ones in add() order, while the step's prefill
+     positions stay within max_prefill_positions_per_step (the first admission of a step is exempt,
+     so a long prompt cannot starve), a slot is free, KV for the prefill plus one decode position
+     can be allocated, and the batch stays within max_running. The first request that does not fit
+     stops admission: skipping ahead to smaller requests would starve large ones. The one exception
+     is a resumed request whose next text token has not arrived: it is not blocked by capacity, so
+     it keeps its place and the requests behind it may go.
+  4. Deadline protection. Prefills make a step slower, and a slower step delivers less audio per
+     second to every running stream. When any decodable request's playback slack (audio seconds
+     delivered minus seconds since its first audio) is below min_playback_slack_s, at most one
+     request is admitted this step. The policy favours time-to-first-audio for new requests while
+     streams are healthy and playback deadlines for running streams when one is at risk; new
+     arrivals still get in, one per step, so they are slowed, never starved. Streams parked for
+     lack of text are not counted: more GPU time would not help them. A stream's slack starts at
+     one small chunk of audio, so every new stream counts as at risk for its first few steps; that
+     is intended, since the start of playback is when an underrun is most likely.
+  5. Codec chunks. Each admitted request whose frames not yet sent to the codec reach its next
+     chunk size gets a chunk; each request that finished (STOPPED or LENGTH) since the last step
+     gets its final chunk with whatever is left (possibly no frames: it still marks end of stream).
+
+update() folds codec-chunk completion in: the chunks of the step it answers count as delivered
+audio at `now` (the runner runs them within that step), so there is no separate call to forget.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from scheduler.codec_chunks import plan_chunk_sizes
+from scheduler.kv_blocks import BlockAllocator, SlotAllocator
+from scheduler.outputs import (
+    CodecChunk,
+    DecodeItem,
+    FreedItem,
+    PrefillItem,
+    RequestEvent,
+    SchedulerOutput,
+    StepResult,
+)
+from scheduler.request import FinishReason, Request, RequestStatus
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at max_waiting; the server answers RESOURCE_EXHAUSTED."""
+
+
+class RequestTooLargeError(ValueError):
+    """The request could not fit in the KV cache even if it ran alone."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running: int = 32  # requests decoded per step: the largest captured graph batch
+    max_waiting: int = 256  # queued requests (new and preempted) before add() refuses
+    max_prefill_positions_per_step: int = 4096  # a step's prefill budget; its first admission is exempt
+    block_size: int = 16  # KV positions per block
+    num_kv_blocks: int = 4096
+    codec_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 12)
+    min_playback_slack_s: float = 0.5  # below this, admit at most one request per step
+    frame_duration_s: float = 0.08  # 12 Hz codec: one frame is 80 ms of audio
+    # Runner rows; more than max_running lets parked requests keep state without shrinking the
+    # decode batch. None means max_running.
+    max_slots: int | None = None
+    # The runner's block-table width, in positions; None means only the whole cache limits a request.
+    max_positions_per_request: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_waiting", "max_prefill_positions_per_step", "block_size",
+                     "num_kv_blocks"):
+            if not _is_positive_int(getattr(self, name)):
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if not (self.codec_chunk_schedule and all(map(_is_positive_int, self.codec_chunk_schedule))):
+            raise ValueError(f"codec_chunk_schedule must be positive ints, got {self.codec_chunk_schedule!r}")
+        if not math.isfinite(self.min_playback_slack_s):
+            raise ValueError(f"min_playback_slack_s must be finite, got {self.min_playback_slack_s}")
+        if not (math.isfinite(self.frame_duration_s) and self.frame_duration_s > 0):
+            raise ValueError(f"frame_duration_s must be > 0, got {self.frame_duration_s}")
+        if self.max_slots is not None and not (_is_positive_int(self.max_slots)
+                                               and self.max_slots >= self.max_running):
+            raise ValueError(f"max_slots must be an int >= max_running ({self.max_running}), "
+                             f"got {self.max_slots!r}")
+        max_positions = self.max_positions_per_request
+        if max_positions is not None and not _is_positive_int(max_positions):
+            raise ValueError(f"max_positions_per_request must be a positive int, got {max_positions!r}")
+
+    @property
+    def num_slots(self) -> int:
+        return self.max_running if self.max_slots is None else self.max_slots
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self._blocks = BlockAllocator(config.num_kv_blocks, config.block_size)
+        self._slots = SlotAllocator(config.num_slots)
+        self._requests: dict[str, Request] = {}
+        self._preempted: list[Request] = []  # WAITING after a preemption, by admission order
+        self._waiting: deque[Request] = deque()  # WAITING, never admitted, in add() order
+        self._admitted: list[Request] = []  # RUNNING or PARKED, by admission order
+        self._finished: list[Request] = []  # FINISHED, still holding a slot
+        self._abort_reasons: dict[str, FinishReason] = {}
+        self._in_flight: SchedulerOutput | None = None
+        self._num_admissions = 0
+        self.num_preemptions_total = 0
+
+    # Gauges and lookups for the server and the metrics layer.
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._preempted) + len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return sum(request.status is RequestStatus.RUNNING for request in self._admitted)
+
+    @property
+    def num_parked(self) -> int:
+        return sum(request.status is RequestStatus.PARKED for request in self._admitted)
+
+    @property
+    def num_kv_blocks_used(self) -> int:
+        return self._blocks.num_used_blocks
+
+    @property
+    def num_kv_blocks_total(self) -> int:
+        return self._blocks.num_blocks
+
+    @property
+    def num_slots_used(self) -> int:
+        return self._slots.num_used_slots
+
+    @property
+    def requests(self) -> Mapping[str, Request]:
+        """Every request not yet freed, by id. Read-only for callers."""
+        return MappingProxyType(self._requests)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline among live requests: when an idle engine loop must schedule again."""
+        deadlines = [request.deadline for request in self._requests.values()
+                     if request.deadline is not None and not request.is_finished
+                     and request.request_id not in self._abort_reasons]
+        return min(deadlines, default=None)
+
+    # Calls from the server.
+
+    def add(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"request {request.request_id!r} is already scheduled")
+        if request.status is not RequestStatus.WAITING or request.admission_order is not None:
+            raise ValueError(f"request {request.request_id!r} was scheduled before; make a new one")
+        num_blocks_needed = self._blocks.blocks_needed(request.max_kv_positions, 0)
+        if num_blocks_needed > self._blocks.num_blocks:
+            raise RequestTooLargeError(
+                f"request {request.request_id!r} needs {num_blocks_needed} KV blocks "
+                f"({request.max_kv_positions} positions), the cache has {self._blocks.num_blocks}")
+        max_positions = self.config.max_positions_per_request
+        if max_positions is not None and request.max_kv_positions > max_positions:
+            raise RequestTooLargeError(
+                f"request {request.request_id!r} needs {request.max_kv_positions} positions, "
+                f"a request may hold {max_positions}")
+        if self.num_waiting >= self.config.max_waiting:
+            raise QueueFullError(f"{self.num_waiting} requests are already waiting")
+        self._requests[request.request_id] = request
+        self._waiting.append(request)
+
+    def append_text(self, request_id: str, num_tokens: int, is_closed: bool = False) -> bool:
+        """Record newly arrived trailing text tokens. Returns False when the request is gone or done."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        request = self._requests.get(request_id)
+        if request is None or request.is_finished or request_id in self._abort_reasons:
+            return False
+        if request.is_text_closed and num_tokens:
+            raise ValueError(f"request {request_id!r}: text arrived after its input was closed")
+        request.num_text_tokens += num_tokens
+        request.is_text_closed = request.is_text_closed or is_closed
+        # schedule() has the final word (the batch may be full); this keeps the gauges current.
+        if request.status is RequestStatus.PARKED and request.has_text_for_next_frame:
+            request.status = RequestStatus.RUNNING
+        return True
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORTED) -> None:
+        """Mark a request for removal at the next schedule(); unknown or finished ids are ignored."""
+        if reason not in (FinishReason.ABORTED, FinishReason.ERROR):
+            raise ValueError(f"abort reason must be ABORTED or ERROR, got {reason}")
+        request = self._requests.get(request_id)
+        if request is None or request.is_finished:
+            return
+        self._abort_reasons.setdefault(request_id, reason)
+
+    # The engine step.
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        if self._in_flight is not None:
+            raise RuntimeError("schedule() called again before update() answered the previous step")
+        self._expire_deadlines(now)
+        freed = self._release_aborted()
+        freed += self._release_finished()
+        decodes, preempted = self._schedule_decodes()
+        freed += preempted
+        prefills = [] if preempted else self._admit(now, num_decodes=len(decodes))
+        codec_chunks = self._plan_codec_chunks()
+        output = SchedulerOutput(
+            prefills=tuple(prefills),
+            decodes=tuple(decodes),
+            codec_chunks=tuple(codec_chunks),
+            freed=tuple(freed),
+            preempted=tuple(item.request_id for item in preempted),
+            num_waiting=self.num_waiting,
+            num_running=len(decodes) + len(prefills),
+            num_parked=self.num_parked,
+        )
+        if not output.is_empty:
+            self._in_flight = output
+        return output
+
+    def update(self, result: StepResult, now: float) -> list[RequestEvent]:
+        output = self._in_flight
+        if output is None:
+            raise RuntimeError("update() called without a scheduled, non-empty step")
+        result.check_answers(output)
+        self._in_flight = None
+        events: list[RequestEvent] = []
+        failed_ids: set[str] = set()
+        for outcome in result.outcomes:
+            request = self._requests.get(outcome.request_id)
+            # An abort that arrived mid-step wins: the request is released at the next schedule().
+            if request is None or outcome.request_id in self._abort_reasons:
+                continue
+            num_frames_before = request.num_frames
+            if outcome.error is not None:
+                self._fail(request, outcome.error)
+                failed_ids.add(request.request_id)
+            elif outcome.is_eos:
+                self._finish(request, FinishReason.STOPPED)
+            else:
+                request.num_frames += 1
+                if request.num_frames >= request.max_frames:
+                    self._finish(request, FinishReason.LENGTH)
+            events.append(RequestEvent(request.request_id, request.num_frames,
+                                       is_new_frame=request.num_frames > num_frames_before,
+                                       finish_reason=request.finish_reason, error=request.error))
+        for chunk in output.codec_chunks:
+            request = self._requests.get(chunk.request_id)
+            if request is None or chunk.request_id in failed_ids or chunk.request_id in self._abort_reasons:
+                continue
+            request.num_audio_frames += chunk.num_frames
+            if request.first_audio_time is None and chunk.num_frames > 0:
+                request.first_audio_time = now
+        return events
+
+    # Step 1: releases.
+
+    def _expire_deadlines(self, now: float) -> None:
+        for request in self._requests.values():
+            if request.deadline is not None and now >= request.deadline and not request.is_finished:
+                self._abort_reasons.setdefault(request.request_id, FinishReason.ABORTED)
+
+    def _release_aborted(self) -> list[FreedItem]:
+        freed = [self._release(self._requests[request_id], reason)
+                 for request_id, reason in self._abort_reasons.items()]
+        self._abort_reasons.clear()
+        return freed
+
+    def _release_finished(self) -> list[FreedItem]:
+        # A STOPPED/LENGTH request keeps its slot (the codec state lives there) until its final
+        # chunk has run, which is the step after it was scheduled, i.e. before this schedule().
+        done = [request for request in self._finished
+                if request.finish_reason is FinishReason.ERROR or request.is_final_chunk_scheduled]
+        return [self._release(request, request.finish_reason) for request in done]
+
+    def _release(self, request: Request, reason: FinishReason | None) -> FreedItem:
+        slot = request.slot
+        self._free_resources(request)
+        if request in self._preempted:
+            self._preempted.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self._waiting.remove(request)
+        elif request.is_finished:
+            self._finished.remove(request)
+        else:
+            self._admitted.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        del self._requests[request.request_id]
+        return FreedItem(request.request_id, slot, reason)
+
+    def _free_resources(self, request: Request) -> None:
+        if request.block_ids:
+            self._blocks.free(request.block_ids)
+            request.block_ids = []
+        if request.slot is not None:
+            self._slots.free(request.slot)
+            request.slot = None
+
+    # Step 2: decodes, block growth, preemption.
+
+    def _schedule_decodes(self) -> tuple[list[DecodeItem], list[FreedItem]]:
+        ready: deque[Request] = deque()
+        parked: list[Request] = []
+        for request in self._admitted:
+            if request.has_text_for_next_frame and len(ready) < self.config.max_running:
+                ready.append(request)
+            else:
+                request.status = RequestStatus.PARKED
+                parked.append(request)
+        decodes: list[DecodeItem] = []
+        preempted: list[FreedItem] = []
+        while ready:
+            request = ready.popleft()
+            num_new_blocks = self._blocks.blocks_needed(request.num_positions_for_next_decode,
+                                                        len(request.block_ids))
+            while not self._blocks.can_allocate(num_new_blocks) and (parked or ready):
+                # Lists are in admission order, so pop() takes the newest.
+                victim = parked.pop() if parked else ready.pop()
+                preempted.append(self._preempt(victim))
+            if not self._blocks.can_allocate(num_new_blocks):
+                preempted.append(self._preempt(request))
+                continue
+            request.block_ids.extend(self._blocks.allocate(num_new_blocks))
+            request.status = RequestStatus.RUNNING
+            decodes.append(DecodeItem(request.request_id, _slot_of(request), tuple(request.block_ids),
+                                      position=request.num_positions_for_next_decode - 1,
+                                      frame_index=request.num_frames))
+        return decodes, preempted
+
+    def _preempt(self, request: Request) -> FreedItem:
+        slot = request.slot
+        self._free_resources(request)
+        self._admitted.remove(request)
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        bisect.insort(self._preempted, request, key=_admission_order)
+        return FreedItem(request.request_id, slot, None)
+
+    # Steps 3 and 4: admission under the prefill budget and deadline protection.
+
+    def _admit(self, now: float, num_decodes: int) -> list[PrefillItem]:
+        max_admissions = 1 if self._is_playback_at_risk(now) else self.config.max_running
+        prefills: list[PrefillItem] = []
+        max_positions = self.config.max_prefill_positions_per_step
+        num_positions_this_step = 0
+        for request in [*self._preempted, *self._waiting]:
+            if len(prefills) >= max_admissions or num_decodes + len(prefills) >= self.config.max_running:
+                break
+            if not request.has_text_for_next_frame:
+                continue
+            num_positions = request.num_prefill_positions
+            if prefills and num_positions_this_step + num_positions > max_positions:
+                break
+            # One position past the prefill, so the first decode after it needs no new block.
+            num_blocks = self._blocks.blocks_needed(min(num_positions + 1, request.max_kv_positions), 0)
+            if not (self._slots.can_allocate() and self._blocks.can_allocate(num_blocks)):
+                break
+            prefills.append(self._admit_one(request, num_blocks, now))
+            num_positions_this_step += num_positions
+        return prefills
+
+    def _is_playback_at_risk(self, now: float) -> bool:
+        for request in self._admitted:
+            if not request.has_text_for_next_frame:
+                continue
+            slack = request.playback_slack_s(now, self.config.frame_duration_s)
+            if slack is not None and slack < self.config.min_playback_slack_s:
+                return True
+        return False
+
+    def _admit_one(self, request: Request, num_blocks: int, now: float) -> PrefillItem:
+        if request in self._preempted:
+            self._preempted.remove(request)
+        else:
+            self._waiting.remove(request)
+        request.slot = self._slots.allocate()
+        request.block_ids = self._blocks.allocate(num_blocks)
+        if request.admission_order is None:
+            request.admission_order = self._num_admissions
+            self._num_admissions += 1
+            request.admitted_time = now
+        request.status = RequestStatus.RUNNING
+        bisect.insort(self._admitted, request, key=_admission_order)
+        return PrefillItem(request.request_id, request.slot, tuple(request.block_ids),
+                           num_positions=request.num_prefill_positions,
+                           num_resumed_frames=request.num_frames,
+                           num_codec_frames=request.num_codec_frames)
+
+    # Step 5: codec chunks.
+
+    def _plan_codec_chunks(self) -> list[CodecChunk]:
+        chunks: list[CodecChunk] = []
+        for request in (*self._admitted, *self._finished):
+            if request.is_finished and (request.finish_reason is FinishReason.ERROR
+                                        or request.is_final_chunk_scheduled):
+                continue
+            sizes = plan_chunk_sizes(self.config.codec_chunk_schedule, request.num_codec_chunks,
+                                     request.num_frames_pending_codec, is_end_of_stream=request.is_finished)
+            for index, num_frames in enumerate(sizes):
+                is_final = request.is_finished and index == len(sizes) - 1
+                chunks.append(CodecChunk(request.request_id, _slot_of(request), request.num_codec_frames,
+                                         num_frames, is_final))
+                request.num_codec_frames += num_frames
+                request.num_codec_chunks += 1
+            request.is_final_chunk_scheduled = request.is_finished
+        return chunks
+
+    # update() helpers.
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        # The step is over, so the talker KV can go now; the slot stays for the codec.
+        if request.block_ids:
+            self._blocks.free(request.block_ids)
+            request.block_ids = []
+        self._admitted.remove(request)
+        self._finished.append(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+
+    def _fail(self, request: Request, message: str) -> None:
+        if request.is_finished:
+            request.finish_reason = FinishReason.ERROR  # its final chunk failed
+        else:
+            self._finish(request, FinishReason.ERROR)
+        request.error = message
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _admission_order(request: Request) -> int:
+    assert request.admission_order is not None, "only admitted requests are ordered"
+    return request.admission_order
+
+
+def _slot_of(request: Request) -> int:
+    assert request.slot is not None, f"{request.request_id} holds no slot"
+    return request.slot
+
