@@ -52,7 +52,7 @@ def decode_audio_file(data: bytes, limits: AudioLimits = DEFAULT_LIMITS) -> np.n
             # Block by block, so that only the mono signal is ever held whole.
             blocks = stream.blocks(blocksize=_BLOCK_FRAMES, dtype="float32", always_2d=True)
             mono = np.concatenate([_mixdown(block) for block in blocks] or [np.zeros(0, np.float32)])
-    except (sf.LibsndfileError, RuntimeError) as error:
+    except (sf.SoundFileError, RuntimeError) as error:
         raise ReferenceAudioError(f"reference audio is not audio in a readable format: {error}") from None
     return _to_model_rate(mono, sample_rate, limits)
 

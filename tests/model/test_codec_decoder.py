@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -66,6 +67,16 @@ def assert_audible(wave: torch.Tensor) -> None:
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     assert a.shape == b.shape
     return (a - b).abs().max().item()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_intra_op_thread() -> Iterator[None]:
+    # Streaming runs thousands of tiny ops, where a second intra-op thread only adds barrier waits
+    # (over 10x slower here on a busy 2-core machine); one thread keeps this file's time predictable.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

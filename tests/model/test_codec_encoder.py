@@ -44,10 +44,13 @@ def reference_tokenizer_model(raw: dict[str, Any], ours: CodecEncoder) -> Any:
     """The reference `Qwen3TTSTokenizerV2Model` with our encoder weights; its decoder is shrunk to save time."""
     import_reference()
     from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
+    from transformers.modeling_utils import no_init_weights
 
     tiny_decoder = speech_tokenizer_config_dict("tiny")["decoder_config"]
     config = Qwen3TTSTokenizerV2Config(**{**raw, "decoder_config": tiny_decoder})
-    model = Qwen3TTSTokenizerV2Model(config).eval()
+    # Its initialiser would run three times over the full Mimi; every tensor is overwritten anyway.
+    with no_init_weights():
+        model = Qwen3TTSTokenizerV2Model(config).eval()
     model.encoder.load_state_dict(ours.state_dict(), strict=True)
     return model
 

@@ -139,7 +139,7 @@ def test_bf16_weights_take_an_fp32_spectrogram_like_the_reference() -> None:
     expected = model.extract_speaker_embedding(wav, 24000)
     embedding = ours.embed(torch.from_numpy(wav))
     assert embedding.dtype == expected.dtype == torch.bfloat16
-    torch.testing.assert_close(embedding.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(embedding.float(), expected.float(), rtol=0, atol=4e-3)
 
 
 def test_random_weights_give_embeddings_that_tell_inputs_apart() -> None:

@@ -73,6 +73,12 @@ class CodecEncoder(nn.Module):
         self.num_quantizers = config.encoder_valid_num_quantizers
         self.samples_per_frame = config.samples_per_frame
 
+    def train(self, mode: bool = True) -> CodecEncoder:
+        # The unregistered MimiModel must follow too: `encode` runs through it.
+        super().train(mode)
+        self._mimi.train(mode)
+        return self
+
     @property
     def _weight(self) -> torch.Tensor:
         """A weight whose device and dtype the audio must follow (the reference uses the model dtype)."""
