@@ -125,7 +125,7 @@ class ModelRunner:
             frame_index=torch.zeros(max_batch, dtype=torch.int64, device=self.device),
             frames=torch.zeros(max_batch, self.num_groups, dtype=torch.int64, device=self.device),
         )
-        self.codec_state = model.codec_decoder.new_stream_state(config.max_num_slots + 1, self.device, self.dtype)
+        self.codec_state = model.codec_decoder.new_stream_state(config.max_num_slots + 1)
         self.pad_embedding = embed_text_ids(self.talker, [self.tts_pad_id])[0]
         self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
         if self.uses_graphs:

@@ -427,7 +427,6 @@ class CodecDecoder(nn.Module):
         are set large enough that each branch visibly changes the waveform, which is what lets a parity
         test catch a mistake in any of them.
         """
-
         device = generator.device
 
         def normal(tensor: torch.Tensor, mean: float, scale: float) -> None:
