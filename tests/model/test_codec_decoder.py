@@ -11,6 +11,7 @@ import torch
 from tests.reference import import_reference
 from tts_service.model.codec_decoder import CodecDecoder, CodecStreamState
 from tts_service.model.configs import CodecDecoderConfig, SpeechTokenizerConfig
+from tts_service.model.random_checkpoint import speech_tokenizer_config_dict
 
 TOLERANCE = 1e-4
 
@@ -24,15 +25,8 @@ SMALL = {
 }
 
 # `decoder_config` of the speech_tokenizer/config.json shared by every released 12 Hz checkpoint.
-RELEASED = {
-    "attention_bias": False, "latent_dim": 1024, "codebook_dim": 512, "codebook_size": 2048,
-    "decoder_dim": 1536, "hidden_act": "silu", "hidden_size": 512, "intermediate_size": 1024,
-    "layer_scale_initial_scale": 0.01, "max_position_embeddings": 8000, "head_dim": 64,
-    "num_attention_heads": 16, "num_hidden_layers": 8, "num_key_value_heads": 16, "num_quantizers": 16,
-    "num_semantic_quantizers": 1, "rms_norm_eps": 1e-05, "rope_theta": 10000, "semantic_codebook_size": 4096,
-    "sliding_window": 72, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2],
-    "vector_quantization_hidden_dimension": 512,
-}
+RELEASED = speech_tokenizer_config_dict("1.7b")["decoder_config"]
+
 
 FRAMES = 300
 

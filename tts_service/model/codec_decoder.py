@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tts_service.model.configs import CodecDecoderConfig
+from tts_service.model.layers import MLP, RMSNorm, apply_rope, repeat_kv, rope_cos_sin, rope_inverse_frequencies
 
 ConvStates = tuple[torch.Tensor, ...]
 
@@ -215,18 +216,6 @@ class SplitQuantizer(nn.Module):
 
 # --- pre-transformer ----------------------------------------------------------------------------------
 
-class _RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
 class _LayerScale(nn.Module):
     def __init__(self, size: int, initial: float) -> None:
         super().__init__()
@@ -234,11 +223,6 @@ class _LayerScale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.scale * x
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class _Attention(nn.Module):
@@ -260,39 +244,25 @@ class _Attention(nn.Module):
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        keys = torch.cat((past_keys, _rotate(k, cos, sin)), dim=2)
+        keys = torch.cat((past_keys, apply_rope(k, cos, sin)), dim=2)
         values = torch.cat((past_values, v), dim=2)
         # Shifting the window by the chunk length keeps every row's slot j at position
         # `position - window + j`, whatever the row's position is, so no per-row indexing is needed.
         past_keys.copy_(keys[:, :, length:])
         past_values.copy_(values[:, :, length:])
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            keys = keys.repeat_interleave(groups, dim=1)
-            values = values.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(_rotate(q, cos, sin), keys, values, attn_mask=mask,
+        out = F.scaled_dot_product_attention(apply_rope(q, cos, sin), repeat_kv(keys, self.num_heads),
+                                             repeat_kv(values, self.num_heads), attn_mask=mask,
                                              scale=self.head_dim ** -0.5)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
-
-
-class _Mlp(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class _TransformerLayer(nn.Module):
     def __init__(self, config: CodecDecoderConfig) -> None:
         super().__init__()
         self.self_attn = _Attention(config)
-        self.mlp = _Mlp(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn_layer_scale = _LayerScale(config.hidden_size, config.layer_scale_initial_scale)
         self.mlp_layer_scale = _LayerScale(config.hidden_size, config.layer_scale_initial_scale)
 
@@ -309,7 +279,7 @@ class PreTransformer(nn.Module):
     def __init__(self, config: CodecDecoderConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(_TransformerLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.input_proj = nn.Linear(config.latent_dim, config.hidden_size)
         self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
         self.window = config.sliding_window
@@ -318,8 +288,7 @@ class PreTransformer(nn.Module):
         self.register_buffer("inv_freq", self.rope_frequencies(), persistent=False)
 
     def rope_frequencies(self) -> torch.Tensor:
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
-        return 1.0 / (self.theta ** exponents)
+        return rope_inverse_frequencies(self.head_dim, self.theta)
 
     def forward(self, x: torch.Tensor, position: torch.Tensor, keys: torch.Tensor,
                 values: torch.Tensor) -> torch.Tensor:
@@ -332,9 +301,7 @@ class PreTransformer(nn.Module):
         # Key k is visible from query q when 0 <= q - k < window and k is a real frame (not before the start).
         mask = (distance >= 0) & (distance < self.window) & (key_positions[:, None, :] >= 0)
         # RoPE angles in fp32 as the reference does, then cast to the compute dtype.
-        angles = query_positions.float()[..., None] * self.inv_freq
-        angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, D]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, query_positions, x.dtype)
         h = self.input_proj(x)
         for index, layer in enumerate(self.layers):
             h = layer(h, cos, sin, mask[:, None], keys[:, index], values[:, index])
@@ -441,7 +408,7 @@ class CodecDecoder(nn.Module):
                 normal(module.embedding_sum, 0.0, 1.0)
                 usage = torch.rand(module.cluster_usage.shape, generator=generator, device=device)
                 module.cluster_usage.copy_(usage * 1.5 + 0.5)
-            elif isinstance(module, _RMSNorm | nn.LayerNorm):
+            elif isinstance(module, RMSNorm | nn.LayerNorm):
                 normal(module.weight, 1.0, 0.1)
                 if isinstance(module, nn.LayerNorm):
                     normal(module.bias, 0.0, 0.02)
