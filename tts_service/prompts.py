@@ -89,8 +89,12 @@ class PromptBuilder:
 
     # -- validation -------------------------------------------------------------------------
 
-    def validate(self, request: SynthesisInput) -> None:
-        if not request.text.strip():
+    def validate(self, request: SynthesisInput, is_text_required: bool = True) -> None:
+        """Raise PromptError naming the field the loaded model cannot serve.
+
+        `is_text_required=False` checks the voice alone, for a request whose text is still to come.
+        """
+        if is_text_required and not request.text.strip():
             raise PromptError("text", "must not be empty")
         language = request.language.lower()
         if language not in self.talker.languages:
@@ -124,8 +128,35 @@ class PromptBuilder:
         ids = self.tokenize(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
         return ids[:_ROLE_PREFIX_TOKENS], ids[_ROLE_PREFIX_TOKENS:-_ROLE_SUFFIX_TOKENS]
 
+    @staticmethod
+    def can_stream_text(request: SynthesisInput) -> bool:
+        """Whether the layout can start before the whole text is known.
+
+        Non-streaming text and in-context cloning place the whole text (and, for cloning, its
+        length relative to the reference) in the prompt, so they wait for the complete text.
+        """
+        return not request.non_streaming_mode and not (request.clone is not None and request.clone.is_in_context)
+
     def build(self, request: SynthesisInput) -> Prompt:
         self.validate(request)
+        role, text = self.assistant_token_ids(request.text)
+        return self._build(request, role, text, is_text_complete=True)
+
+    def build_open(self, request: SynthesisInput, first_text_ids: Sequence[int]) -> Prompt:
+        """The prompt of a request whose text is still arriving, from its first committed text tokens.
+
+        The trailing text holds the tokens after the first and no end-of-text token: the caller
+        appends later tokens, then the end-of-text token when the input closes.
+        """
+        if not self.can_stream_text(request):
+            raise ValueError("this layout needs the whole text; build() it once the input is closed")
+        if not first_text_ids:
+            raise ValueError("an open prompt needs at least one text token")
+        self.validate(request, is_text_required=False)
+        role = self.tokenize("<|im_start|>assistant\n")
+        return self._build(request, role, list(first_text_ids), is_text_complete=False)
+
+    def _build(self, request: SynthesisInput, role: list[int], text: list[int], is_text_complete: bool) -> Prompt:
         text_ids: list[int] = []
         codec_ids: list[int] = []
 
@@ -135,7 +166,6 @@ class PromptBuilder:
 
         if request.instruction:
             add(self.tokenize(f"<|im_start|>user\n{request.instruction}<|im_end|>\n"))
-        role, text = self.assistant_token_ids(request.text)
         add(role)
 
         tags = self._codec_tags(request)
@@ -150,7 +180,7 @@ class PromptBuilder:
             trailing: list[int] = []
         else:
             add(text[:1], [self.talker.codec_bos_id])
-            trailing = [*text[1:], eos]
+            trailing = [*text[1:], eos] if is_text_complete else text[1:]
         return Prompt(tuple(text_ids), tuple(codec_ids), (), tuple(trailing))
 
     def _codec_tags(self, request: SynthesisInput) -> list[int]:

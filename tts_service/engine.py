@@ -1,0 +1,353 @@
+"""The engine: one asyncio task runs schedule -> execute -> update and fans results out to streams.
+
+It only moves data. The scheduler decides who runs; the runner (in a single worker thread, so
+the event loop stays free for the server) decides how tensors are laid out; the engine keeps each
+request's prompt, text and frames, turns a SchedulerOutput into runner work, and turns the
+outcome back into audio chunks and summaries on the request streams.
+
+Every call (submit, append_text, close_text, abort) must come from the event loop's thread:
+the scheduler takes no locks. The loop sleeps on an event when there is no work, waking for new
+work or for the earliest request deadline; it never polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from scheduler.outputs import CodecChunk, FreedItem, RequestEvent, SchedulerOutput, StepResult
+from scheduler.request import FinishReason, Request
+from scheduler.scheduler import Scheduler, SchedulerConfig
+from tts_service.model.checkpoint import LoadedModel
+from tts_service.prompts import Prompt, PromptBuilder, PromptError
+from tts_service.runner import DecodeInput, ModelRunner, PrefillInput, RunnerConfig, StepInput
+from tts_service.step_work import CodecRestart, CodecWork, StepDone, StepWork, execute_step
+from tts_service.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.synthesize import make_tokenize
+from tts_service.text_stream import IncrementalTokenizer, TextTokenization
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine is not running, so it takes no requests."""
+
+
+@dataclass(frozen=True)
+class SchedulingPolicy:
+    """The scheduler's choices; its sizes (slots, KV blocks, block size) come from the runner."""
+
+    max_running: int = 128
+    max_waiting: int = 256
+    max_prefill_positions_per_step: int = 4096
+    codec_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 12)
+    min_playback_slack_s: float = 0.5
+
+    def scheduler_config(self, runner: ModelRunner) -> SchedulerConfig:
+        if self.max_running > runner.config.max_num_slots:
+            raise ValueError(f"max_running ({self.max_running}) exceeds the runner's slots "
+                             f"({runner.config.max_num_slots})")
+        return SchedulerConfig(
+            max_running=self.max_running, max_waiting=self.max_waiting,
+            max_prefill_positions_per_step=self.max_prefill_positions_per_step,
+            block_size=runner.config.block_size, num_kv_blocks=runner.num_kv_blocks,
+            codec_chunk_schedule=self.codec_chunk_schedule, min_playback_slack_s=self.min_playback_slack_s,
+            frame_duration_s=1.0 / runner.model.speech_config.frame_rate_hz,
+            max_slots=runner.config.max_num_slots,
+            max_positions_per_request=runner.config.max_positions_per_request)
+
+
+@dataclass
+class _Live:
+    """The engine's record of one request, from submit() until its stream has ended."""
+
+    request: SynthesisRequest
+    stream: RequestStream
+    arrival_time: float
+    text: IncrementalTokenizer | None = None  # open text only
+    received_text: str = ""  # open text that needs the whole text before its prompt exists
+    held_ids: list[int] = field(default_factory=list)  # committed, waiting for non-blank text
+    prompt: Prompt | None = None  # None until the request is in the scheduler
+    trailing: list[int] = field(default_factory=list)
+    frames: list[np.ndarray] = field(default_factory=list)
+    reference_codes: np.ndarray | None = None  # in-context clone: the codec's left context
+    num_text_ids: int = 0  # tokens of the request's own text
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, prompts: PromptBuilder,
+                 tokenization: TextTokenization, clock: Clock = time.monotonic) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.prompts = prompts
+        self.tokenization = tokenization
+        self.clock = clock
+        config = runner.model.config
+        self._eos_code = config.talker.codec_eos_id
+        self._tts_pad_id = config.tts_pad_token_id
+        self._tts_eos_id = config.tts_eos_token_id
+        self._num_groups = config.talker.num_code_groups
+        self._live: dict[str, _Live] = {}
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-runner")
+        self._task: asyncio.Task[None] | None = None
+        self._is_stopping = False
+        self.num_steps = 0
+
+    @classmethod
+    def create(cls, model: LoadedModel, runner_config: RunnerConfig, policy: SchedulingPolicy,
+               clock: Clock = time.monotonic) -> Engine:
+        """Load order: runner (KV allocation, graph capture), then a scheduler sized from it."""
+        runner = ModelRunner(model, runner_config)
+        prompts = PromptBuilder(model.config, make_tokenize(model.tokenizer))
+        tokenization = TextTokenization.for_tokenizer(model.tokenizer,
+                                                      lambda text: prompts.assistant_token_ids(text)[1])
+        return cls(runner, Scheduler(policy.scheduler_config(runner)), prompts, tokenization, clock)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("the engine is already running")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="tts-engine")
+
+    async def stop(self) -> None:
+        """Stop stepping; requests still live end with an error. Drain first to finish them."""
+        self._is_stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        self._executor.shutdown(wait=True)
+
+    @property
+    def is_running(self) -> bool:
+        return self._task is not None and not self._task.done() and not self._is_stopping
+
+    @property
+    def num_live_requests(self) -> int:
+        return len(self._live)
+
+    # -- calls from the server ----------------------------------------------------------------
+
+    def submit(self, request: SynthesisRequest) -> RequestStream:
+        """Queue a request. Raises PromptError for input the model cannot serve, and the scheduler's
+        QueueFullError / RequestTooLargeError when there is no room; nothing is queued then."""
+        if not self.is_running:
+            raise EngineStoppedError("the engine is not running")
+        if request.request_id in self._live:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        live = _Live(request, RequestStream(request.request_id), self.clock())
+        if request.is_text_open:
+            self.prompts.validate(request.synthesis, is_text_required=False)
+            live.text = IncrementalTokenizer(self.tokenization)
+        else:
+            self._enter(live, self.prompts.build(request.synthesis), is_text_closed=True)
+            live.num_text_ids = len(self.prompts.assistant_token_ids(request.synthesis.text)[1])
+        self._live[request.request_id] = live
+        self._wake.set()
+        return live.stream
+
+    def append_text(self, request_id: str, fragment: str) -> None:
+        """More text for an open request. Unknown or finished ids are ignored (the stream has ended)."""
+        live = self._live.get(request_id)
+        if live is None or not fragment:
+            return
+        if live.text is None or live.text.is_closed:
+            raise ValueError(f"request {request_id!r} takes no more text")
+        live.received_text += fragment
+        self._add_text_ids(live, live.text.append(fragment), is_closed=False)
+
+    def close_text(self, request_id: str) -> None:
+        """The open request's text is complete."""
+        live = self._live.get(request_id)
+        if live is None or live.text is None or live.text.is_closed:
+            return
+        self._add_text_ids(live, live.text.close(), is_closed=True)
+
+    def abort(self, request_id: str) -> None:
+        live = self._live.get(request_id)
+        if live is None:
+            return
+        if live.prompt is None:  # never reached the scheduler
+            self._end(live, FinishReason.ABORTED)
+            return
+        self.scheduler.abort(request_id)
+        self._wake.set()
+
+    # -- text ---------------------------------------------------------------------------------
+
+    def _add_text_ids(self, live: _Live, ids: list[int], is_closed: bool) -> None:
+        live.num_text_ids += len(ids)
+        if live.prompt is not None:
+            live.trailing += ids
+            if is_closed:
+                live.trailing.append(self._tts_eos_id)
+            self.scheduler.append_text(live.request_id, len(ids) + int(is_closed), is_closed)
+            self._wake.set()
+            return
+        synthesis = live.request.synthesis
+        try:
+            if not self.prompts.can_stream_text(synthesis):
+                if is_closed:
+                    self._enter(live, self.prompts.build(replace(synthesis, text=live.received_text)), True)
+                return
+            live.held_ids += ids
+            if not live.received_text.strip():
+                if is_closed:
+                    raise PromptError("text", "must not be empty")
+                return
+            if live.held_ids:
+                prompt = self.prompts.build_open(synthesis, live.held_ids)
+                if is_closed:
+                    prompt = replace(prompt, trailing_text_ids=(*prompt.trailing_text_ids, self._tts_eos_id))
+                self._enter(live, prompt, is_closed)
+        except Exception as error:  # the request fails; its stream says why
+            self._live.pop(live.request_id, None)
+            live.stream.fail(error)
+
+    def _enter(self, live: _Live, prompt: Prompt, is_text_closed: bool) -> None:
+        """Hand a request with a complete prompt to the scheduler."""
+        request = live.request
+        live.prompt = prompt
+        live.trailing = list(prompt.trailing_text_ids)
+        clone = request.synthesis.clone
+        if clone is not None and clone.reference_codes:
+            live.reference_codes = np.asarray(clone.reference_codes, dtype=np.int64)
+        now = self.clock()
+        if request.is_text_open:
+            live.arrival_time = now  # queue time counts from the moment the request could run
+        self.scheduler.add(Request(request.request_id, prompt.num_positions, request.params.max_new_frames,
+                                   arrival_time=now, deadline=request.deadline,
+                                   num_text_tokens=len(live.trailing), is_text_closed=is_text_closed))
+        self._wake.set()
+
+    def _text_id_for_input(self, live: _Live, frame_index: int) -> int:
+        """The trailing text token added to frame `frame_index` when it is fed back to the talker."""
+        return live.trailing[frame_index] if frame_index < len(live.trailing) else self._tts_pad_id
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._is_stopping:
+                self._wake.clear()
+                output = self.scheduler.schedule(self.clock())
+                self._release(output.freed)
+                if output.is_empty:
+                    await self._sleep_until_work()
+                    continue
+                work = self._plan(output)
+                done = await loop.run_in_executor(self._executor, execute_step, self.runner, work)
+                self._apply(output, done)
+                self.num_steps += 1
+        except Exception:
+            logger.exception("the engine loop failed; every live request ends with an error")
+            raise
+        finally:
+            for live in list(self._live.values()):
+                self._end(live, FinishReason.ERROR, error="the engine stopped")
+
+    async def _sleep_until_work(self) -> None:
+        deadline = self.scheduler.next_deadline()
+        timeout = None if deadline is None else max(0.0, deadline - self.clock())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _plan(self, output: SchedulerOutput) -> StepWork:
+        prefills, restarts = [], []
+        for item in output.prefills:
+            live = self._live[item.request_id]
+            assert live.prompt is not None
+            frames = live.frames[:item.num_resumed_frames]
+            clone = live.request.synthesis.clone
+            prefills.append(PrefillInput(
+                item.slot, item.block_ids, live.prompt, live.request.params,
+                speaker_embedding=clone.speaker_embedding if clone is not None else None,  # type: ignore[arg-type]
+                resumed_frames=tuple(tuple(int(c) for c in frame) for frame in frames),
+                resumed_text_ids=tuple(self._text_id_for_input(live, index) for index in range(len(frames)))))
+            restarts.append(CodecRestart(item.request_id, item.slot,
+                                         self._codec_context(live, item.num_codec_frames)))
+        decodes = []
+        for item in output.decodes:
+            live = self._live[item.request_id]
+            decodes.append(DecodeInput(item.slot, item.block_ids, item.position, item.frame_index,
+                                       self._text_id_for_input(live, item.frame_index - 1)))
+        chunks = tuple(self._codec_work(chunk) for chunk in output.codec_chunks)
+        return StepWork(StepInput(tuple(prefills), tuple(decodes)),
+                        prefill_ids=tuple(item.request_id for item in output.prefills),
+                        decode_ids=tuple(item.request_id for item in output.decodes),
+                        restarts=tuple(restarts), chunks=chunks)
+
+    def _codec_context(self, live: _Live, num_codec_frames: int) -> np.ndarray:
+        pieces = [] if live.reference_codes is None else [live.reference_codes]
+        pieces += live.frames[:num_codec_frames]
+        if not pieces:
+            return np.zeros((0, self._num_groups), dtype=np.int64)
+        return np.concatenate([np.atleast_2d(piece) for piece in pieces])
+
+    def _codec_work(self, chunk: CodecChunk) -> CodecWork:
+        live = self._live[chunk.request_id]
+        frames = live.frames[chunk.first_frame:chunk.first_frame + chunk.num_frames]
+        codes = np.stack(frames) if frames else np.zeros((0, self._num_groups), dtype=np.int64)
+        return CodecWork(chunk.request_id, chunk.slot, chunk.first_frame, codes)
+
+    def _apply(self, output: SchedulerOutput, done: StepDone) -> None:
+        eos_ids = {request_id for request_id, frame in done.frames.items() if frame[0] == self._eos_code}
+        result = StepResult.for_output(output, eos_ids, done.errors)
+        events = self.scheduler.update(result, self.clock())
+        for event in events:
+            self._apply_event(event, done)
+        for chunk in output.codec_chunks:
+            live = self._live.get(chunk.request_id)
+            if live is None:
+                continue
+            samples = done.audio.get((chunk.request_id, chunk.first_frame))
+            if samples is not None:
+                live.stream.put_audio(AudioChunk(samples, chunk.first_frame, chunk.num_frames))
+            if chunk.is_final:
+                request = self.scheduler.requests[chunk.request_id]
+                assert request.finish_reason is not None
+                self._end(live, request.finish_reason)
+
+    def _apply_event(self, event: RequestEvent, done: StepDone) -> None:
+        live = self._live.get(event.request_id)
+        if live is None:
+            return
+        if event.is_new_frame:
+            live.frames.append(done.frames[event.request_id])
+        if event.finish_reason is FinishReason.ERROR:
+            self._end(live, FinishReason.ERROR, error=event.error)
+
+    def _release(self, freed: tuple[FreedItem, ...]) -> None:
+        for item in freed:
+            live = self._live.get(item.request_id)
+            if live is not None and item.reason in (FinishReason.ABORTED, FinishReason.ERROR):
+                self._end(live, item.reason, error="request failed" if item.reason is FinishReason.ERROR else None)
+
+    def _end(self, live: _Live, reason: FinishReason, error: str | None = None) -> None:
+        if self._live.pop(live.request_id, None) is None:
+            return
+        request = self.scheduler.requests.get(live.request_id)
+        codes = np.stack(live.frames) if live.frames else np.zeros((0, self._num_groups), dtype=np.int64)
+        first_audio = None if request is None or request.first_audio_time is None else (
+            request.first_audio_time - live.arrival_time)
+        live.stream.finish(SynthesisSummary(
+            request_id=live.request_id, finish_reason=reason, num_frames=len(live.frames),
+            num_text_tokens=live.num_text_ids, codes=codes,
+            queue_time_s=None if request is None else request.queue_time_s,
+            time_to_first_audio_s=first_audio, error=error))

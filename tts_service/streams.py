@@ -1,0 +1,100 @@
+"""What a caller of the engine hands in and gets back: requests, audio chunks, the closing summary."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler.request import FinishReason
+from tts_service.generate import GenerationParams
+from tts_service.prompts import SynthesisInput
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    request_id: str
+    synthesis: SynthesisInput  # with is_text_open, `synthesis.text` is ignored: text comes through append_text
+    params: GenerationParams
+    is_text_open: bool = False
+    deadline: float | None = None  # on the engine's clock (time.monotonic by default)
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    samples: np.ndarray  # float32 mono at the model's output sample rate
+    first_frame: int
+    num_frames: int
+
+
+@dataclass(frozen=True)
+class SynthesisSummary:
+    request_id: str
+    finish_reason: FinishReason
+    num_frames: int
+    num_text_tokens: int  # tokens of the request's own text (not the chat template or the voice prompt)
+    codes: np.ndarray  # [num_frames, G] int64: every generated frame
+    queue_time_s: float | None  # arrival (or first text, for open text) to first admission
+    time_to_first_audio_s: float | None
+    error: str | None = None
+
+
+class RequestFailed(RuntimeError):
+    """The engine could not finish a request (its step or its audio failed); the engine itself goes on."""
+
+    def __init__(self, summary: SynthesisSummary) -> None:
+        super().__init__(summary.error or "request failed")
+        self.summary = summary
+
+
+class RequestStream:
+    """Async iterator over a request's audio chunks; `summary` is set once the stream has ended.
+
+    Ends normally for STOPPED, LENGTH and ABORTED; raises RequestFailed for ERROR, and the
+    request's own exception (for example a PromptError when open text closes empty).
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.summary: SynthesisSummary | None = None
+        self._is_done = False
+        self._items: asyncio.Queue[AudioChunk | SynthesisSummary | Exception] = asyncio.Queue()
+
+    # Engine side.
+
+    def put_audio(self, chunk: AudioChunk) -> None:
+        self._items.put_nowait(chunk)
+
+    def finish(self, summary: SynthesisSummary) -> None:
+        self._items.put_nowait(summary)
+
+    def fail(self, error: Exception) -> None:
+        self._items.put_nowait(error)
+
+    # Caller side.
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        if self._is_done:
+            raise StopAsyncIteration
+        item = await self._items.get()
+        if isinstance(item, AudioChunk):
+            return item
+        self._is_done = True
+        if isinstance(item, Exception):
+            self.summary = getattr(item, "summary", None)
+            raise item
+        self.summary = item
+        if item.finish_reason is FinishReason.ERROR:
+            raise RequestFailed(item)
+        raise StopAsyncIteration
+
+    async def collect(self) -> tuple[np.ndarray, SynthesisSummary]:
+        """The whole waveform and the summary (for unary calls and tests)."""
+        pieces = [chunk.samples async for chunk in self]
+        assert self.summary is not None
+        waveform = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+        return waveform, self.summary
