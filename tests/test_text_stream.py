@@ -7,7 +7,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tts_service.prompts import PromptBuilder
-from tts_service.synthesize import make_tokenize
 from tts_service.text_stream import IncrementalTokenizer, TextTokenization
 
 PIECES = ["Hello", " world", ",", " it", "'s", " 42", "  ", "\n", "e", "\u0301", "日本", "語", "!", "?!", " ", "don",
@@ -17,7 +16,7 @@ PIECES = ["Hello", " world", ",", " it", "'s", " 42", "  ", "\n", "e", "\u0301",
 @pytest.fixture(scope="module")
 def builder_and_tokenization(tiny_models):
     model = tiny_models["custom_voice"]
-    builder = PromptBuilder(model.config, make_tokenize(model.tokenizer))
+    builder = PromptBuilder.for_tokenizer(model.config, model.tokenizer)
     tokenization = TextTokenization.for_tokenizer(model.tokenizer, lambda text: builder.assistant_token_ids(text)[1])
     return builder, tokenization
 

@@ -30,7 +30,6 @@ from tts_service.prompts import Prompt, PromptBuilder, PromptError
 from tts_service.runner import DecodeInput, ModelRunner, PrefillInput, RunnerConfig, StepInput
 from tts_service.step_work import CodecRestart, CodecWork, StepDone, StepWork, execute_step
 from tts_service.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
-from tts_service.synthesize import make_tokenize
 from tts_service.text_stream import IncrementalTokenizer, TextTokenization
 
 logger = logging.getLogger(__name__)
@@ -112,7 +111,7 @@ class Engine:
                clock: Clock = time.monotonic) -> Engine:
         """Load order: runner (KV allocation, graph capture), then a scheduler sized from it."""
         runner = ModelRunner(model, runner_config)
-        prompts = PromptBuilder(model.config, make_tokenize(model.tokenizer))
+        prompts = PromptBuilder.for_tokenizer(model.config, model.tokenizer)
         tokenization = TextTokenization.for_tokenizer(model.tokenizer,
                                                       lambda text: prompts.assistant_token_ids(text)[1])
         return cls(runner, Scheduler(policy.scheduler_config(runner)), prompts, tokenization, clock)

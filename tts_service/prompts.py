@@ -87,6 +87,15 @@ class PromptBuilder:
         self.talker = config.talker
         self.tokenize = tokenize
 
+    @classmethod
+    def for_tokenizer(cls, config: ModelConfig, tokenizer: object) -> PromptBuilder:
+        """With a Hugging Face tokenizer (kept opaque so this module imports no ML library)."""
+
+        def tokenize(text: str) -> list[int]:
+            return list(tokenizer(text)["input_ids"])  # type: ignore[operator]
+
+        return cls(config, tokenize)
+
     # -- validation -------------------------------------------------------------------------
 
     def validate(self, request: SynthesisInput, is_text_required: bool = True) -> None:

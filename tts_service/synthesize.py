@@ -35,17 +35,10 @@ class SynthesisResult:
     finish_reason: str
 
 
-def make_tokenize(tokenizer: object):
-    def tokenize(text: str) -> list[int]:
-        return list(tokenizer(text)["input_ids"])  # type: ignore[operator]
-
-    return tokenize
-
-
 class EagerSynthesizer:
     def __init__(self, model: LoadedModel) -> None:
         self.model = model
-        self.prompts = PromptBuilder(model.config, make_tokenize(model.tokenizer))
+        self.prompts = PromptBuilder.for_tokenizer(model.config, model.tokenizer)
 
     @torch.inference_mode()
     def clone_voice(self, wav_24k: np.ndarray, reference_text: str | None, x_vector_only: bool) -> VoiceClone:
