@@ -266,6 +266,13 @@ class ModelRunner:
     @torch.inference_mode()
     def decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
         """Decode the next `codes` [n, T, G] of each slot's audio stream -> float32 samples [n, T * spf]."""
+        # Checked on the host: an out-of-range code would be a device-side assert, which poisons
+        # the whole CUDA context instead of failing one request.
+        codebook_size = self.model.codec_decoder.config.codebook_size
+        if codes.size and (codes.min() < 0 or codes.max() >= codebook_size):
+            bad = np.argwhere((codes < 0) | (codes >= codebook_size))[0]
+            raise ValueError(f"code {int(codes[tuple(bad)])} at (row, frame, codebook) {tuple(bad.tolist())} "
+                             f"is outside the codec's [0, {codebook_size})")
         index = torch.tensor(slots, dtype=torch.int64, device=self.device)
         rows = self._codec_rows(index)
         chunk = torch.from_numpy(codes).to(self.device).transpose(1, 2)

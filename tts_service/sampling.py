@@ -75,7 +75,16 @@ def uniform_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab_size: int) -> 
     tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     key = _mix((seeds & _MASK32) ^ ((draws * _DRAW_STRIDE) & _MASK32))
     bits = _mix((key[:, None] + tokens[None, :] * _TOKEN_STRIDE) & _MASK32)
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return unit_interval(bits)
+
+
+def unit_interval(bits: torch.Tensor) -> torch.Tensor:
+    """32 random bits -> float32 strictly inside (0, 1).
+
+    23 bits, not 24: (2**24 - 0.5) / 2**24 rounds to exactly 1.0 in float32, and u == 1 makes the
+    Gumbel noise +inf, which turns a removed token's -inf score into NaN and lets argmax pick it.
+    """
+    return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def penalize_repetitions(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
