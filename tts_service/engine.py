@@ -110,7 +110,8 @@ class Engine:
     def create(cls, model: LoadedModel, runner_config: RunnerConfig, policy: SchedulingPolicy,
                clock: Clock = time.monotonic) -> Engine:
         """Load order: runner (KV allocation, graph capture), then a scheduler sized from it."""
-        runner = ModelRunner(model, runner_config)
+        # Capture the codec for exactly the chunk lengths the scheduler will ask for.
+        runner = ModelRunner(model, replace(runner_config, codec_graph_chunk_sizes=policy.codec_chunk_schedule))
         prompts = PromptBuilder.for_tokenizer(model.config, model.tokenizer)
         tokenization = TextTokenization.for_tokenizer(model.tokenizer,
                                                       lambda text: prompts.assistant_token_ids(text)[1])

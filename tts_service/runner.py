@@ -9,6 +9,7 @@ captured batch size), then copy every produced frame to the host in one transfer
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +34,9 @@ class RunnerConfig:
     kv_memory_fraction: float = 0.6
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
     use_cuda_graphs: bool = True
+    # Chunk lengths (frames) whose codec decode is captured, for every batch bucket; other
+    # lengths (a stream's last chunk, a restart's context) run eagerly.
+    codec_graph_chunk_sizes: tuple[int, ...] = (1, 2, 4, 8, 12)
 
     def __post_init__(self) -> None:
         if self.max_num_slots < 1:
@@ -43,6 +47,8 @@ class RunnerConfig:
             raise ValueError("kv_memory_fraction must be in (0, 1)")
         if sorted(set(self.graph_batch_sizes)) != list(self.graph_batch_sizes) or self.graph_batch_sizes[0] < 1:
             raise ValueError("graph_batch_sizes must be increasing positive integers")
+        if any(size < 1 for size in self.codec_graph_chunk_sizes):
+            raise ValueError("codec_graph_chunk_sizes must be positive")
 
     @property
     def max_blocks_per_request(self) -> int:
@@ -96,6 +102,27 @@ class _DecodeBuffers:
     graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
 
 
+@dataclass
+class _FirstFrameBuffers:
+    """A prefill's last hidden state -> its first frame (the predictor's 15 steps), captured per bucket."""
+
+    hidden: torch.Tensor
+    slots: torch.Tensor
+    frame_index: torch.Tensor
+    frames: torch.Tensor
+    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
+
+
+@dataclass
+class _CodecBuffers:
+    """Codes of a chunk per row -> samples, with the rows' stream state gathered and stored in-graph."""
+
+    slots: torch.Tensor  # [max_batch] int64; padding rows use the scratch row
+    codes: torch.Tensor  # [max_batch, G, max_chunk] int64
+    audio: torch.Tensor  # [max_batch, max_chunk * samples_per_frame] float32
+    graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = field(default_factory=dict)
+
+
 class ModelRunner:
     def __init__(self, model: LoadedModel, config: RunnerConfig) -> None:
         self.model = model
@@ -125,7 +152,22 @@ class ModelRunner:
             frame_index=torch.zeros(max_batch, dtype=torch.int64, device=self.device),
             frames=torch.zeros(max_batch, self.num_groups, dtype=torch.int64, device=self.device),
         )
+        self.first_frame = _FirstFrameBuffers(
+            hidden=torch.zeros(max_batch, talker_config.layers.hidden_size, dtype=self.dtype, device=self.device),
+            slots=torch.full((max_batch,), scratch, dtype=torch.int64, device=self.device),
+            frame_index=torch.zeros(max_batch, dtype=torch.int64, device=self.device),
+            frames=torch.zeros(max_batch, self.num_groups, dtype=torch.int64, device=self.device),
+        )
+        # Row max_num_slots is the codec's scratch row, as SlotState's last row is the sampler's.
         self.codec_state = model.codec_decoder.new_stream_state(config.max_num_slots + 1)
+        self.codec_scratch_row = config.max_num_slots
+        max_chunk = max(config.codec_graph_chunk_sizes, default=1)
+        samples_per_frame = model.speech_config.samples_per_frame
+        self.codec = _CodecBuffers(
+            slots=torch.full((max_batch,), self.codec_scratch_row, dtype=torch.int64, device=self.device),
+            codes=torch.zeros(max_batch, self.num_groups, max_chunk, dtype=torch.int64, device=self.device),
+            audio=torch.zeros(max_batch, max_chunk * samples_per_frame, dtype=torch.float32, device=self.device),
+        )
         self.pad_embedding = embed_text_ids(self.talker, [self.tts_pad_id])[0]
         self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
         if self.uses_graphs:
@@ -161,18 +203,41 @@ class ModelRunner:
         hidden = self.talker.hidden(inputs[:, None], positions[:, None], self.decode_backend)[:, 0]
         buffers.frames[:batch] = self.sampler(hidden, slots, buffers.frame_index[:batch])
 
+    def _first_frame_step(self, batch: int) -> None:
+        buffers = self.first_frame
+        buffers.frames[:batch] = self.sampler(buffers.hidden[:batch], buffers.slots[:batch],
+                                              buffers.frame_index[:batch])
+
+    def _codec_step(self, batch: int, num_frames: int) -> None:
+        buffers = self.codec
+        slots = buffers.slots[:batch]
+        rows = self._codec_rows(slots)
+        audio = self.model.codec_decoder.decode_chunk(buffers.codes[:batch, :, :num_frames], rows)
+        self._store_codec_rows(slots, rows)
+        buffers.audio[:batch, :audio.shape[1]] = audio.float()
+
     def _capture_graphs(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         self.decode_backend.set_metadata(torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int64))
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
+
+        def capture(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
+            step()  # warm-up: lazy initialisation stays out of the graph
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                step()
+            return graph
+
         with torch.cuda.stream(stream), torch.inference_mode():
             for batch in reversed(self.buckets):
-                self._decode_step(batch)  # warm-up: lazy initialisation stays out of the graph
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self._decode_step(batch)
-                self.buffers.graphs[batch] = graph
+                self.buffers.graphs[batch] = capture(lambda b=batch: self._decode_step(b))
+                self.first_frame.graphs[batch] = capture(lambda b=batch: self._first_frame_step(b))
+                for num_frames in self.config.codec_graph_chunk_sizes:
+                    self.codec.graphs[(batch, num_frames)] = capture(
+                        lambda b=batch, t=num_frames: self._codec_step(b, t))
+            # The warm-ups advanced the scratch row's stream; keep it bounded at its start.
+            self.codec_state.reset_rows(torch.tensor([self.codec_scratch_row], device=self.device))
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
 
@@ -227,10 +292,18 @@ class ModelRunner:
             if item.resumed_frames:
                 code0 = torch.tensor([frame[0] for frame in item.resumed_frames], device=self.device)
                 self.state.seen[item.slot, code0] = True
-        slots = torch.tensor([item.slot for item in prefills], dtype=torch.int64, device=self.device)
-        frame_index = torch.tensor([len(item.resumed_frames) for item in prefills], dtype=torch.int64,
-                                   device=self.device)
-        return self.sampler(last, slots, frame_index)
+        host = torch.tensor([[item.slot, len(item.resumed_frames)] for item in prefills], dtype=torch.int64)
+        if not self.uses_graphs:
+            return self.sampler(last, host[:, 0].to(self.device), host[:, 1].to(self.device))
+        batch = len(prefills)
+        buffers = self.first_frame
+        buffers.slots.fill_(self.state.scratch_slot)
+        buffers.frame_index.zero_()
+        buffers.slots[:batch].copy_(host[:, 0], non_blocking=True)
+        buffers.frame_index[:batch].copy_(host[:, 1], non_blocking=True)
+        buffers.hidden[:batch].copy_(last)
+        buffers.graphs[self.bucket_for(batch)].replay()
+        return buffers.frames[:batch]
 
     # -- step ---------------------------------------------------------------------------------
 
@@ -273,9 +346,18 @@ class ModelRunner:
             bad = np.argwhere((codes < 0) | (codes >= codebook_size))[0]
             raise ValueError(f"code {int(codes[tuple(bad)])} at (row, frame, codebook) {tuple(bad.tolist())} "
                              f"is outside the codec's [0, {codebook_size})")
-        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
-        rows = self._codec_rows(index)
-        chunk = torch.from_numpy(codes).to(self.device).transpose(1, 2)
-        audio = self.model.codec_decoder.decode_chunk(chunk, rows)
-        self._store_codec_rows(index, rows)
-        return audio.float().cpu().numpy()
+        batch, num_frames = len(slots), codes.shape[1]
+        chunk = torch.from_numpy(codes).to(self.device, non_blocking=True).transpose(1, 2)
+        graph = self.codec.graphs.get((self.bucket_for(batch), num_frames)) if batch <= self.buckets[-1] else None
+        if graph is None:
+            index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            rows = self._codec_rows(index)
+            audio = self.model.codec_decoder.decode_chunk(chunk, rows)
+            self._store_codec_rows(index, rows)
+            return audio.float().cpu().numpy()
+        buffers = self.codec
+        buffers.slots.fill_(self.codec_scratch_row)
+        buffers.slots[:batch].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
+        buffers.codes[:batch, :, :num_frames].copy_(chunk)
+        graph.replay()
+        return buffers.audio[:batch, :num_frames * self.model.speech_config.samples_per_frame].cpu().numpy()
