@@ -82,6 +82,10 @@ def test_concurrent_requests_equal_eager_generation_and_stream_equal_offline_aud
             assert np.abs(waveform - one_shot_audio(model, summary.codes)).max() <= 1e-4
         assert summary.time_to_first_audio_s is None or summary.time_to_first_audio_s > 0
     assert engine.scheduler.num_kv_blocks_used == 0 and engine.scheduler.num_slots_used == 0
+    stats = engine.stats
+    assert stats.num_prefills == len(requests)
+    assert stats.num_codec_frames == sum(summary.num_frames for _, summary in results)
+    assert 0 < stats.execute_s <= stats.loop_s
 
 
 def test_preempted_requests_resume_with_identical_codes_and_audio(tiny_models) -> None:

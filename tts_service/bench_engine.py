@@ -20,12 +20,12 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from tts_service.engine import Engine, SchedulingPolicy
+from tts_service.engine import Engine, EngineStats, SchedulingPolicy
 from tts_service.generate import GenerationParams
 from tts_service.model.checkpoint import LoadOptions, load_model
 from tts_service.prompts import SynthesisInput
@@ -116,6 +116,17 @@ def summarize(concurrency: int, timings: list[RequestTiming], wall_s: float) -> 
     }
 
 
+def step_summary(before: EngineStats, after: EngineStats) -> dict[str, float]:
+    """Where the engine's time went over a level: per step, in the runner and in the loop around it."""
+    num_steps = max(1, after.num_steps - before.num_steps)
+    return {"num_steps": num_steps,
+            "step_ms_mean": (after.loop_s - before.loop_s) / num_steps * 1e3,
+            "execute_ms_mean": (after.execute_s - before.execute_s) / num_steps * 1e3,
+            "decode_batch_mean": (after.num_decoded_frames - before.num_decoded_frames) / num_steps,
+            "codec_frames_per_step": (after.num_codec_frames - before.num_codec_frames) / num_steps,
+            "prefills_per_step": (after.num_prefills - before.num_prefills) / num_steps}
+
+
 async def run_benchmark(engine: Engine, levels: list[int], frame_s: float) -> tuple[list[dict], list[RequestTiming]]:
     engine.start()
     try:
@@ -123,8 +134,11 @@ async def run_benchmark(engine: Engine, levels: list[int], frame_s: float) -> tu
         summaries, timings = [], []
         for concurrency in levels:
             started = time.perf_counter()
+            before = replace(engine.stats)
             level = await run_level(engine, concurrency, max(8, 2 * concurrency), frame_s)
-            summaries.append(summarize(concurrency, level, time.perf_counter() - started))
+            summary = summarize(concurrency, level, time.perf_counter() - started)
+            summary.update(step_summary(before, engine.stats))
+            summaries.append(summary)
             timings += level
         return summaries, timings
     finally:
@@ -154,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     header = (f"{'conc':>5} {'reqs':>5} {'ttfa p50':>9} {'ttfa p95':>9} {'rtf p50':>8} {'rtf max':>8} "
-              f"{'late ms':>8} {'late':>5} {'audio s/s':>10}")
+              f"{'late ms':>8} {'late':>5} {'audio s/s':>10} {'step ms':>8} {'exec ms':>8} {'batch':>6}")
     lines = [header] + [f"{s['concurrency']:>5} {s['num_requests']:>5} {s['ttfa_p50_ms']:>9.1f} "
                         f"{s['ttfa_p95_ms']:>9.1f} {s['rtf_p50']:>8.3f} {s['rtf_max']:>8.3f} "
                         f"{s['max_lateness_ms']:>8.1f} {s['num_requests_late']:>5} "
-                        f"{s['audio_s_per_wall_s']:>10.1f}" for s in summaries]
+                        f"{s['audio_s_per_wall_s']:>10.1f} {s['step_ms_mean']:>8.1f} {s['execute_ms_mean']:>8.1f} "
+                        f"{s['decode_batch_mean']:>6.1f}" for s in summaries]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

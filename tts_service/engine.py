@@ -37,6 +37,19 @@ logger = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
+@dataclass
+class EngineStats:
+    """Running totals the engine keeps about its own steps (read them as differences over a window)."""
+
+    num_steps: int = 0
+    num_decoded_frames: int = 0
+    num_prefills: int = 0
+    num_codec_frames: int = 0
+    execute_s: float = 0.0  # in the runner (worker thread), GPU work included
+    loop_s: float = 0.0  # in the loop between schedule() and the end of fan-out, execute_s included
+    last_step_s: float = 0.0
+
+
 class EngineStoppedError(RuntimeError):
     """The engine is not running, so it takes no requests."""
 
@@ -104,7 +117,7 @@ class Engine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-runner")
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False
-        self.num_steps = 0
+        self.stats = EngineStats()
 
     @classmethod
     def create(cls, model: LoadedModel, runner_config: RunnerConfig, policy: SchedulingPolicy,
@@ -246,21 +259,34 @@ class Engine:
         try:
             while not self._is_stopping:
                 self._wake.clear()
+                started = time.perf_counter()
                 output = self.scheduler.schedule(self.clock())
                 self._release(output.freed)
                 if output.is_empty:
                     await self._sleep_until_work()
                     continue
                 work = self._plan(output)
+                execute_started = time.perf_counter()
                 done = await loop.run_in_executor(self._executor, execute_step, self.runner, work)
+                execute_s = time.perf_counter() - execute_started
                 self._apply(output, done)
-                self.num_steps += 1
+                self._count(output, execute_s, time.perf_counter() - started)
         except Exception:
             logger.exception("the engine loop failed; every live request ends with an error")
             raise
         finally:
             for live in list(self._live.values()):
                 self._end(live, FinishReason.ERROR, error="the engine stopped")
+
+    def _count(self, output: SchedulerOutput, execute_s: float, loop_s: float) -> None:
+        stats = self.stats
+        stats.num_steps += 1
+        stats.num_decoded_frames += len(output.decodes)
+        stats.num_prefills += len(output.prefills)
+        stats.num_codec_frames += sum(chunk.num_frames for chunk in output.codec_chunks)
+        stats.execute_s += execute_s
+        stats.loop_s += loop_s
+        stats.last_step_s = loop_s
 
     async def _sleep_until_work(self) -> None:
         deadline = self.scheduler.next_deadline()
