@@ -36,13 +36,16 @@ One schedule() does, in order:
      it keeps its place and the requests behind it may go.
   4. Deadline protection. Prefills make a step slower, and a slower step delivers less audio per
      second to every running stream. When any decodable request's playback slack (audio seconds
-     delivered minus seconds since its first audio) is below min_playback_slack_s, at most one
-     request is admitted this step. The policy favours time-to-first-audio for new requests while
-     streams are healthy and playback deadlines for running streams when one is at risk; new
-     arrivals still get in, one per step, so they are slowed, never starved. Streams parked for
-     lack of text are not counted: more GPU time would not help them. A stream's slack starts at
-     one small chunk of audio, so every new stream counts as at risk for its first few steps; that
-     is intended, since the start of playback is when an underrun is most likely.
+     delivered minus seconds since its first audio) is below min_playback_slack_s, the step's
+     prefill budget shrinks to max_prefill_positions_at_risk (its first admission still exempt).
+     The policy favours time-to-first-audio for new requests while streams are healthy and
+     playback deadlines for running streams when one is at risk; new arrivals still get in, a
+     small prefill's worth per step, so they are slowed, never starved. Streams parked for lack
+     of text are not counted: more GPU time would not help them. A stream's slack starts at one
+     small chunk of audio, so every new stream counts as at risk for its first few steps; that is
+     intended, since the start of playback is when an underrun is most likely. The budget is in
+     positions, not requests, because a burst of short streaming prompts costs little: admitting
+     them one per step would leave the batch, and so the throughput, small for a long time.
   5. Codec chunks. Each admitted request whose frames not yet sent to the codec reach its next
      chunk size gets a chunk; each request that finished (STOPPED or LENGTH) since the last step
      gets its final chunk with whatever is left (possibly no frames: it still marks end of stream).
@@ -90,7 +93,8 @@ class SchedulerConfig:
     block_size: int = 16  # KV positions per block
     num_kv_blocks: int = 4096
     codec_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 12)
-    min_playback_slack_s: float = 0.5  # below this, admit at most one request per step
+    min_playback_slack_s: float = 0.5  # below this, admissions shrink to the at-risk prefill budget
+    max_prefill_positions_at_risk: int = 256  # a step's prefill budget while a stream is at risk
     frame_duration_s: float = 0.08  # 12 Hz codec: one frame is 80 ms of audio
     # Runner rows; more than max_running lets parked requests keep state without shrinking the
     # decode batch. None means max_running.
@@ -100,7 +104,7 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_waiting", "max_prefill_positions_per_step", "block_size",
-                     "num_kv_blocks"):
+                     "num_kv_blocks", "max_prefill_positions_at_risk"):
             if not _is_positive_int(getattr(self, name)):
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not (self.codec_chunk_schedule and all(map(_is_positive_int, self.codec_chunk_schedule))):
@@ -375,12 +379,13 @@ class Scheduler:
     # Steps 3 and 4: admission under the prefill budget and deadline protection.
 
     def _admit(self, now: float, num_decodes: int) -> list[PrefillItem]:
-        max_admissions = 1 if self._is_playback_at_risk(now) else self.config.max_running
-        prefills: list[PrefillItem] = []
         max_positions = self.config.max_prefill_positions_per_step
+        if self._is_playback_at_risk(now):
+            max_positions = min(max_positions, self.config.max_prefill_positions_at_risk)
+        prefills: list[PrefillItem] = []
         num_positions_this_step = 0
         for request in [*self._preempted, *self._waiting]:
-            if len(prefills) >= max_admissions or num_decodes + len(prefills) >= self.config.max_running:
+            if num_decodes + len(prefills) >= self.config.max_running:
                 break
             if not request.has_text_for_next_frame:
                 continue

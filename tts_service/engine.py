@@ -63,6 +63,7 @@ class SchedulingPolicy:
     max_prefill_positions_per_step: int = 4096
     codec_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 12)
     min_playback_slack_s: float = 0.5
+    max_prefill_positions_at_risk: int = 256
 
     def scheduler_config(self, runner: ModelRunner) -> SchedulerConfig:
         if self.max_running > runner.config.max_num_slots:
@@ -73,6 +74,7 @@ class SchedulingPolicy:
             max_prefill_positions_per_step=self.max_prefill_positions_per_step,
             block_size=runner.config.block_size, num_kv_blocks=runner.num_kv_blocks,
             codec_chunk_schedule=self.codec_chunk_schedule, min_playback_slack_s=self.min_playback_slack_s,
+            max_prefill_positions_at_risk=self.max_prefill_positions_at_risk,
             frame_duration_s=1.0 / runner.model.speech_config.frame_rate_hz,
             max_slots=runner.config.max_num_slots,
             max_positions_per_request=runner.config.max_positions_per_request)

@@ -16,6 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
     {"max_running": 0},
     {"max_waiting": -1},
     {"max_prefill_positions_per_step": 0},
+    {"max_prefill_positions_at_risk": 0},
     {"block_size": 0},
     {"num_kv_blocks": 0},
     {"max_running": True},

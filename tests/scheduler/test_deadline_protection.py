@@ -9,9 +9,10 @@ from tests.scheduler.helpers import ids, make_config, make_request, run_step
 FAST_STEP_S = 0.001
 
 
-def _stream_with_27_frames_of_audio(**request_options: object) -> Scheduler:
+def _stream_with_27_frames_of_audio(at_risk_budget: int = 8, **request_options: object) -> Scheduler:
     """A stream whose 5th chunk (27 frames delivered in all, 2.16 s of audio) ran at step 28."""
-    scheduler = Scheduler(make_config(min_playback_slack_s=0.5, max_prefill_positions_per_step=1000))
+    scheduler = Scheduler(make_config(min_playback_slack_s=0.5, max_prefill_positions_per_step=1000,
+                                      max_prefill_positions_at_risk=at_risk_budget))
     scheduler.add(make_request("stream", **request_options))
     for step in range(1, 29):
         run_step(scheduler, now=step * FAST_STEP_S)
@@ -33,7 +34,7 @@ def test_healthy_streams_let_every_waiting_request_in_at_once() -> None:
 
 
 def test_a_stream_short_of_playback_slack_throttles_admission_to_one_per_step() -> None:
-    scheduler = _stream_with_27_frames_of_audio()
+    scheduler = _stream_with_27_frames_of_audio(at_risk_budget=8)  # one 8-position prompt per step
     _add_four(scheduler)
     # 2.0 s after its first audio the client has played 2.0 of its 2.16 s: 0.16 s of slack < 0.5 s.
     late = scheduler.requests["stream"].first_audio_time + 2.0
@@ -55,3 +56,11 @@ def test_a_stream_parked_for_lack_of_text_does_not_throttle_admission() -> None:
     output, _ = run_step(scheduler, now=late)
     assert stream.status is RequestStatus.PARKED
     assert ids(output.prefills) == ["new0", "new1", "new2", "new3"]
+
+
+def test_at_risk_admission_fills_the_smaller_prefill_budget_not_just_one_request() -> None:
+    scheduler = _stream_with_27_frames_of_audio(at_risk_budget=16)  # two 8-position prompts per step
+    _add_four(scheduler)
+    late = scheduler.requests["stream"].first_audio_time + 2.0
+    admitted = [ids(run_step(scheduler, now=late + step * FAST_STEP_S)[0].prefills) for step in range(2)]
+    assert admitted == [["new0", "new1"], ["new2", "new3"]]
