@@ -322,17 +322,17 @@ class Engine:
                         restarts=tuple(restarts), chunks=chunks)
 
     def _codec_context(self, live: _Live, num_codec_frames: int) -> np.ndarray:
-        pieces = [] if live.reference_codes is None else [live.reference_codes]
-        pieces += live.frames[:num_codec_frames]
-        if not pieces:
-            return np.zeros((0, self._num_groups), dtype=np.int64)
-        return np.concatenate([np.atleast_2d(piece) for piece in pieces])
+        frames = self._stack_frames(live.frames[:num_codec_frames])
+        return frames if live.reference_codes is None else np.concatenate([live.reference_codes, frames])
+
+    def _stack_frames(self, frames: list[np.ndarray]) -> np.ndarray:
+        """Frames [G] each -> [T, G] int64, also when there are none."""
+        return np.stack(frames) if frames else np.zeros((0, self._num_groups), dtype=np.int64)
 
     def _codec_work(self, chunk: CodecChunk) -> CodecWork:
         live = self._live[chunk.request_id]
         frames = live.frames[chunk.first_frame:chunk.first_frame + chunk.num_frames]
-        codes = np.stack(frames) if frames else np.zeros((0, self._num_groups), dtype=np.int64)
-        return CodecWork(chunk.request_id, chunk.slot, chunk.first_frame, codes)
+        return CodecWork(chunk.request_id, chunk.slot, chunk.first_frame, self._stack_frames(frames))
 
     def _apply(self, output: SchedulerOutput, done: StepDone) -> None:
         eos_ids = {request_id for request_id, frame in done.frames.items() if frame[0] == self._eos_code}
@@ -371,11 +371,10 @@ class Engine:
         if self._live.pop(live.request_id, None) is None:
             return
         request = self.scheduler.requests.get(live.request_id)
-        codes = np.stack(live.frames) if live.frames else np.zeros((0, self._num_groups), dtype=np.int64)
         first_audio = None if request is None or request.first_audio_time is None else (
             request.first_audio_time - live.arrival_time)
         live.stream.finish(SynthesisSummary(
             request_id=live.request_id, finish_reason=reason, num_frames=len(live.frames),
-            num_text_tokens=live.num_text_ids, codes=codes,
+            num_text_tokens=live.num_text_ids, codes=self._stack_frames(live.frames),
             queue_time_s=None if request is None else request.queue_time_s,
             time_to_first_audio_s=first_audio, error=error))

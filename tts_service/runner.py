@@ -246,18 +246,14 @@ class ModelRunner:
 
     def _decode(self, decodes: tuple[DecodeInput, ...]) -> torch.Tensor:
         batch = len(decodes)
-        width = max(len(d.block_ids) for d in decodes)
-        tables = torch.tensor([d.block_ids + (0,) * (width - len(d.block_ids)) for d in decodes], dtype=torch.int32)
-        self.decode_backend.set_metadata(tables, torch.tensor([d.position for d in decodes], dtype=torch.int64))
+        self.decode_backend.set_metadata(_block_tables([d.block_ids for d in decodes]),
+                                         torch.tensor([d.position for d in decodes], dtype=torch.int64))
         buffers = self.buffers
         bucket = self.bucket_for(batch) if self.uses_graphs else batch
         host = torch.tensor([[d.slot, d.text_id, d.frame_index] for d in decodes], dtype=torch.int64)
-        buffers.slots.fill_(self.state.scratch_slot)
-        buffers.text_ids.fill_(self.tts_pad_id)
-        buffers.frame_index.zero_()
-        buffers.slots[:batch].copy_(host[:, 0], non_blocking=True)
-        buffers.text_ids[:batch].copy_(host[:, 1], non_blocking=True)
-        buffers.frame_index[:batch].copy_(host[:, 2], non_blocking=True)
+        _load_padded(buffers.slots, host[:, 0], self.state.scratch_slot)
+        _load_padded(buffers.text_ids, host[:, 1], self.tts_pad_id)
+        _load_padded(buffers.frame_index, host[:, 2], 0)
         if self.uses_graphs:
             buffers.graphs[bucket].replay()
         else:
@@ -279,10 +275,7 @@ class ModelRunner:
         lengths = torch.tensor([e.shape[0] for e in embeds], dtype=torch.int64)
         longest = int(lengths.max())
         inputs = torch.stack([F.pad(e, (0, 0, 0, longest - e.shape[0])) for e in embeds])
-        width = max(len(item.block_ids) for item in prefills)
-        tables = torch.tensor([item.block_ids + (0,) * (width - len(item.block_ids)) for item in prefills],
-                              dtype=torch.int32)
-        self.prefill_backend.set_metadata(tables, lengths)
+        self.prefill_backend.set_metadata(_block_tables([item.block_ids for item in prefills]), lengths)
         positions = torch.arange(longest, device=self.device).expand(len(prefills), -1)
         hidden = self.talker.hidden(inputs, positions, self.prefill_backend)
         last = hidden[torch.arange(len(prefills), device=self.device), lengths.to(self.device) - 1]
@@ -297,10 +290,8 @@ class ModelRunner:
             return self.sampler(last, host[:, 0].to(self.device), host[:, 1].to(self.device))
         batch = len(prefills)
         buffers = self.first_frame
-        buffers.slots.fill_(self.state.scratch_slot)
-        buffers.frame_index.zero_()
-        buffers.slots[:batch].copy_(host[:, 0], non_blocking=True)
-        buffers.frame_index[:batch].copy_(host[:, 1], non_blocking=True)
+        _load_padded(buffers.slots, host[:, 0], self.state.scratch_slot)
+        _load_padded(buffers.frame_index, host[:, 1], 0)
         buffers.hidden[:batch].copy_(last)
         buffers.graphs[self.bucket_for(batch)].replay()
         return buffers.frames[:batch]
@@ -356,8 +347,19 @@ class ModelRunner:
             self._store_codec_rows(index, rows)
             return audio.float().cpu().numpy()
         buffers = self.codec
-        buffers.slots.fill_(self.codec_scratch_row)
-        buffers.slots[:batch].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
+        _load_padded(buffers.slots, torch.tensor(slots, dtype=torch.int64), self.codec_scratch_row)
         buffers.codes[:batch, :, :num_frames].copy_(chunk)
         graph.replay()
         return buffers.audio[:batch, :num_frames * self.model.speech_config.samples_per_frame].cpu().numpy()
+
+
+def _block_tables(rows: list[tuple[int, ...]]) -> torch.Tensor:
+    """Block ids per row, right-padded with block 0 (never read past a row's positions) to one width."""
+    width = max(len(row) for row in rows)
+    return torch.tensor([row + (0,) * (width - len(row)) for row in rows], dtype=torch.int32)
+
+
+def _load_padded(buffer: torch.Tensor, values: torch.Tensor, padding: int) -> None:
+    """A static graph input: `values` in its first rows, `padding` (a scratch row or a neutral id) after."""
+    buffer[len(values):].fill_(padding)
+    buffer[:len(values)].copy_(values, non_blocking=True)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.reference import import_reference
+from tests.signals import sweep_signal
 from tts_service.audio_input import resample_to_model_rate
 from tts_service.model.codec_encoder import CodecEncoder
 from tts_service.model.configs import ConfigError, SpeechTokenizerConfig
@@ -22,16 +23,6 @@ DEFAULT_RAW = {"encoder_config": {}}
 DEFAULT = SpeechTokenizerConfig.parse(DEFAULT_RAW)
 # A whole number of frames, a partial last frame, a single sample and less than one frame.
 LENGTHS = (72000, 50000, 1, 1921)
-
-
-def sweep_signal(num_samples: int = 72000, seed: int = 0, base_hz: float = 200.0,
-                 sample_rate: int = 24000) -> np.ndarray:
-    """Two sine sweeps and a little noise, float32, deterministic for a seed."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(num_samples) / sample_rate
-    rising = 0.3 * np.sin(2 * np.pi * (base_hz * t + 300 * t**2))
-    falling = 0.2 * np.sin(2 * np.pi * (1500 * t - 100 * t**2))
-    return (rising + falling + 0.05 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
 def random_encoder(config: SpeechTokenizerConfig, seed: int = 0) -> CodecEncoder:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests import signals
 from tests.reference import import_reference
 from tts_service.model.configs import ModelConfig, SpeakerEncoderConfig
 from tts_service.model.random_checkpoint import model_config_dict
@@ -21,12 +22,7 @@ MIN_SAMPLES = 1280
 
 
 def sweep_signal(seconds: float = 3.0, seed: int = 0, base_hz: float = 200.0) -> np.ndarray:
-    """Two sine sweeps and a little noise at 24 kHz, float32, deterministic for a seed."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * 24000)) / 24000
-    rising = 0.3 * np.sin(2 * np.pi * (base_hz * t + 300 * t**2))
-    falling = 0.2 * np.sin(2 * np.pi * (1500 * t - 100 * t**2))
-    return (rising + falling + 0.05 * rng.standard_normal(t.shape)).astype(np.float32)
+    return signals.sweep_signal(int(seconds * 24000), seed, base_hz)
 
 
 def random_encoder(config: SpeakerEncoderConfig, seed: int = 0) -> SpeakerEncoder:
