@@ -1,10 +1,11 @@
-"""The three engine benchmarks in one run, on one GPU, against one random 1.7B checkpoint.
+"""The engine benchmarks in one run, on one GPU, against one random 1.7B checkpoint.
 
     python -m tts_service.bench_suite --out bench-results [--reference-site DIR]
 
 1. frame-step time at several batch sizes (bench_frame_step),
 2. time to first audio and real-time factor per request at several concurrencies (bench_engine),
-3. the same texts through the reference `qwen-tts` (bench_reference), giving the speed-up.
+3. the same texts through the reference `qwen-tts` (bench_reference), giving the speed-up,
+4. teacher-forced logits in bf16 against the reference in fp32 (bench_fidelity).
 
 Each runs in its own process, so GPU memory starts clean and the reference can use its own
 pinned libraries: `--reference-site` is put first on its PYTHONPATH (qwen-tts pins
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the random checkpoint is written (not under --out: it is gigabytes)")
     parser.add_argument("--preset", default="1.7b-custom_voice")
     parser.add_argument("--reference-site", type=Path, help="a site directory holding qwen-tts and its pins")
-    parser.add_argument("--skip", default="", help="comma-separated steps to skip: frame_step,engine,reference")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated steps to skip: frame_step,engine,reference,fidelity")
     args = parser.parse_args(argv)
     skipped = set(filter(None, args.skip.split(",")))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -69,13 +71,18 @@ def main(argv: list[str] | None = None) -> int:
     if "engine" not in skipped:
         steps.append(run_step("engine", "tts_service.bench_engine",
                               ["--model", str(checkpoint), "--out", str(args.out / "engine.json")], timeout_s=240))
+    reference_env = dict(os.environ)
+    if args.reference_site is not None:
+        reference_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.reference_site),
+                                                                    reference_env.get("PYTHONPATH")]))
     if "reference" not in skipped:
-        env = dict(os.environ)
-        if args.reference_site is not None:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.reference_site), env.get("PYTHONPATH")]))
         steps.append(run_step("reference", "tts_service.bench_reference",
                               ["--checkpoint", str(checkpoint), "--out", str(args.out / "reference.json")],
-                              timeout_s=300, env=env))
+                              timeout_s=300, env=reference_env))
+    if "fidelity" not in skipped:
+        steps.append(run_step("fidelity", "tts_service.bench_fidelity",
+                              ["--checkpoint", str(checkpoint), "--out", str(args.out / "fidelity.json")],
+                              timeout_s=240, env=reference_env))
 
     summary: dict = {"benchmark": "suite", "date": time.strftime("%Y-%m-%d"), "preset": args.preset,
                      "command": " ".join(["python -m tts_service.bench_suite", *(argv or sys.argv[1:])]),

@@ -22,6 +22,8 @@ from tts_service.kv_cache import PagedDecodeBackend, PagedKVCache, PagedPrefillB
 from tts_service.model.checkpoint import LoadedModel
 from tts_service.model.codec_decoder import CodecStreamState
 from tts_service.model.embedding import embed_prompt, embed_text_ids
+from tts_service.model.fused_ops import kernels_available
+from tts_service.model.layers import use_fused_kernels
 from tts_service.prompts import Prompt
 
 
@@ -34,6 +36,8 @@ class RunnerConfig:
     kv_memory_fraction: float = 0.6
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
     use_cuda_graphs: bool = True
+    # The decoder layers' elementwise chains as single Triton kernels (CUDA only; see fused_ops).
+    use_fused_kernels: bool = True
     # Chunk lengths (frames) whose codec decode is captured, for every batch bucket; other
     # lengths (a stream's last chunk, a restart's context) run eagerly.
     codec_graph_chunk_sizes: tuple[int, ...] = (1, 2, 4, 8, 12)
@@ -129,6 +133,7 @@ class ModelRunner:
         self.config = config
         self.talker = model.talker
         self.device = model.device
+        use_fused_kernels(self.talker, config.use_fused_kernels and kernels_available(self.device))
         self.dtype = self.talker.codec_head.weight.dtype
         talker_config = model.config.talker
         self.num_groups = talker_config.num_code_groups

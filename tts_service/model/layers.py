@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tts_service.model import fused_ops
 from tts_service.model.configs import DecoderLayerStack
+from tts_service.model.fused_ops import apply_rope
 
 
 class AttentionBackend(Protocol):
@@ -30,13 +32,19 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.is_fused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and scale after casting back, exactly as the checkpoints were trained.
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        if self.is_fused:
+            return fused_ops.rms_norm(x, self.weight, self.eps)
+        return fused_ops.rms_norm_eager(x, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + residual, self(x + residual))."""
+        if self.is_fused:
+            return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        total = x + residual
+        return total, fused_ops.rms_norm_eager(total, self.weight, self.eps)
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
@@ -71,15 +79,6 @@ def interleaved_mrope_cos_sin(inverse_frequencies: torch.Tensor, positions: torc
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D]; cos/sin [B, T, D]."""
-    cos = cos.unsqueeze(1)
-    sin = sin.unsqueeze(1)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class Attention(nn.Module):
     def __init__(self, shape: DecoderLayerStack, layer_index: int) -> None:
         super().__init__()
@@ -93,14 +92,20 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, shape.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, shape.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, shape.rms_norm_eps)
+        self.is_fused = False
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
         batch, length, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        out = backend(self.layer_index, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        if self.is_fused:
+            q, k = fused_ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin)
+        else:
+            q = apply_rope(self.q_norm(q).transpose(1, 2), cos, sin)
+            k = apply_rope(self.k_norm(k).transpose(1, 2), cos, sin)
+        out = backend(self.layer_index, q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
 
@@ -110,8 +115,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.is_fused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_fused:
+            return self.down_proj(fused_ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -125,8 +133,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, normed = self.post_attention_layernorm.add_and_norm(
+            x, self.self_attn(self.input_layernorm(x), cos, sin, backend))
+        return x + self.mlp(normed)
 
 
 class DecoderStack(nn.Module):
@@ -151,3 +160,17 @@ def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
         return x
     batch, kv_heads, length, dim = x.shape
     return x[:, :, None].expand(batch, kv_heads, groups, length, dim).reshape(batch, num_heads, length, dim)
+
+
+def use_fused_kernels(module: nn.Module, enabled: bool) -> int:
+    """Switch every decoder norm, attention and MLP under `module` to the fused kernels (or back).
+
+    Returns how many modules were switched. The kernels run only on CUDA with Triton; elsewhere
+    the switched modules still take the eager chain, so this is safe to call on any device.
+    """
+    switched = 0
+    for child in module.modules():
+        if isinstance(child, RMSNorm | Attention | MLP):
+            child.is_fused = enabled
+            switched += 1
+    return switched

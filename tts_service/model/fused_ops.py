@@ -1,0 +1,202 @@
+"""Fused elementwise kernels for the decoder layers, rounding exactly where the eager math rounds.
+
+A batch-1 frame step runs ~100 decoder layers (28 talker + 5 predictor layers x 15 codebooks),
+and in eager PyTorch every RMSNorm is eight kernels (cast, square, mean, add, rsqrt, multiply,
+cast, scale) and every q/k RoPE another five: thousands of launches of a few microseconds each,
+which is where the step's time went. Each kernel here does one of those chains in one launch.
+
+Fidelity is the point, not an afterthought: each kernel computes in fp32 and rounds to the
+activation dtype at every place the eager chain writes a tensor (after normalising, after the
+weight scale, after each RoPE product, after the sum, after SiLU), so in bf16 it reproduces the
+eager chain bit for bit except for the order of the fp32 sum inside the mean square. The eager
+functions are kept here as the reference and as the path for the CPU and for tensors the kernels
+do not cover.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:  # Triton is optional: the CPU build and CI have none, and the eager path needs none.
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - depends on the environment
+    HAS_TRITON = False
+
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_SILU_BLOCK = 1024
+
+
+# The eager reference chains (also the path wherever the kernels do not apply).
+
+def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32 and scale after casting back, exactly as the checkpoints were trained.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D]; cos/sin [B, T, D]."""
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def norm_rope_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                    sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, D] -> per-head RMSNorm, then RoPE, as [B, H, T, D]."""
+    return apply_rope(rms_norm_eager(x, weight, eps).transpose(1, 2), cos, sin)
+
+
+def silu_mul_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+# Dispatch: the kernel when it applies, the eager chain otherwise.
+
+def _is_kernel_tensor(x: torch.Tensor) -> bool:
+    return HAS_TRITON and x.is_cuda and x.dtype in _KERNEL_DTYPES and x.stride(-1) == 1
+
+
+def kernels_available(device: torch.device) -> bool:
+    return HAS_TRITON and device.type == "cuda"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if not (_is_kernel_tensor(x) and weight.dtype == x.dtype):
+        return rms_norm_eager(x, weight, eps)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch_rms_norm(x, None, weight, eps, out, None)
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, rms_norm(x + residual)) with the sum rounded first, as the eager add does."""
+    if not (_is_kernel_tensor(x) and _is_kernel_tensor(residual) and weight.dtype == x.dtype == residual.dtype):
+        total = x + residual
+        return total, rms_norm_eager(total, weight, eps)
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(total)
+    _launch_rms_norm(x, residual, weight, eps, out, total)
+    return total, out
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                 cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, T, H, D], k [B, T, KV, D] -> normalised and rotated, as [B, H, T, D] and [B, KV, T, D]."""
+    head_dim = q.shape[-1]
+    if not (_is_kernel_tensor(q) and _is_kernel_tensor(k) and q.dtype == k.dtype == q_weight.dtype
+            == k_weight.dtype == cos.dtype == sin.dtype and head_dim & (head_dim - 1) == 0
+            and q.stride(2) == head_dim and k.stride(2) == head_dim and q.stride(0) == q.shape[1] * q.stride(1)
+            and k.stride(0) == k.shape[1] * k.stride(1)):
+        return norm_rope_eager(q, q_weight, eps, cos, sin), norm_rope_eager(k, k_weight, eps, cos, sin)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    num_q_rows = q.shape[0] * q.shape[1] * q.shape[2]
+    num_k_rows = k.shape[0] * k.shape[1] * k.shape[2]
+    _qk_norm_rope_kernel[(num_q_rows + num_k_rows,)](
+        q, k, q_weight, k_weight, cos, sin, q_out, k_out, q.stride(1), k.stride(1), q.shape[2], k.shape[2],
+        num_q_rows, eps, HEAD_DIM=head_dim, num_warps=1)
+    # Same memory layout as the eager chain's result: [B, T, H, D] storage seen as [B, H, T, D].
+    return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if not (_is_kernel_tensor(gate) and _is_kernel_tensor(up) and gate.dtype == up.dtype
+            and gate.shape == up.shape):
+        return silu_mul_eager(gate, up)
+    width = gate.shape[-1]
+    gate_rows, up_rows = gate.reshape(-1, width), up.reshape(-1, width)
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    grid = (gate_rows.shape[0], triton.cdiv(width, _SILU_BLOCK))
+    _silu_mul_kernel[grid](gate_rows, up_rows, out, gate_rows.stride(0), up_rows.stride(0), width,
+                           BLOCK=_SILU_BLOCK, num_warps=4)
+    return out
+
+
+def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                     out: torch.Tensor, total: torch.Tensor | None) -> None:
+    width = x.shape[-1]
+    x_rows = x.reshape(-1, width)
+    residual_rows = residual.reshape(-1, width) if residual is not None else x_rows
+    block = triton.next_power_of_2(width)
+    _rms_norm_kernel[(x_rows.shape[0],)](
+        x_rows, residual_rows, weight, out, total if total is not None else out,
+        x_rows.stride(0), residual_rows.stride(0), width, eps,
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(8, max(1, block // 256)))
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, total_ptr, x_row_stride, residual_row_stride,
+                         width, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < width
+        x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            residual = tl.load(residual_ptr + row * residual_row_stride + cols, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + residual.to(tl.float32)).to(out_ptr.dtype.element_ty)
+            tl.store(total_ptr + row * width + cols, x, mask=mask)
+        x32 = x.to(tl.float32)
+        inverse_rms = tl.rsqrt(tl.sum(x32 * x32, axis=0) / width + eps)
+        normalised = (x32 * inverse_rms).to(out_ptr.dtype.element_ty).to(tl.float32)
+        weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * width + cols, (normalised * weight).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _norm_rope_row(x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr, row, token_stride, num_heads, eps,
+                       HEAD_DIM: tl.constexpr):
+        dtype = out_ptr.dtype.element_ty
+        token = row // num_heads
+        head = row % num_heads
+        cols = tl.arange(0, HEAD_DIM)
+        partner = (cols + HEAD_DIM // 2) % HEAD_DIM
+        base = x_ptr + token * token_stride + head * HEAD_DIM
+        x = tl.load(base + cols).to(tl.float32)
+        x_partner = tl.load(base + partner).to(tl.float32)
+        inverse_rms = tl.rsqrt(tl.sum(x * x, axis=0) / HEAD_DIM + eps)
+        # The eager chain writes the normalised head, then the weighted head, in the activation dtype.
+        normed = ((x * inverse_rms).to(dtype).to(tl.float32)
+                  * tl.load(weight_ptr + cols).to(tl.float32)).to(dtype).to(tl.float32)
+        normed_partner = ((x_partner * inverse_rms).to(dtype).to(tl.float32)
+                          * tl.load(weight_ptr + partner).to(tl.float32)).to(dtype).to(tl.float32)
+        rotated = tl.where(cols < HEAD_DIM // 2, -normed_partner, normed_partner)
+        cos = tl.load(cos_ptr + token * HEAD_DIM + cols).to(tl.float32)
+        sin = tl.load(sin_ptr + token * HEAD_DIM + cols).to(tl.float32)
+        with_cos = (normed * cos).to(dtype).to(tl.float32)
+        with_sin = (rotated * sin).to(dtype).to(tl.float32)
+        tl.store(out_ptr + row * HEAD_DIM + cols, (with_cos + with_sin).to(dtype))
+
+    @triton.jit
+    def _qk_norm_rope_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
+                             q_token_stride, k_token_stride, num_q_heads, num_k_heads, num_q_rows, eps,
+                             HEAD_DIM: tl.constexpr):
+        # One launch for both: queries take the first rows of the grid, keys the rest.
+        row = tl.program_id(0).to(tl.int64)
+        if row < num_q_rows:
+            _norm_rope_row(q_ptr, q_weight_ptr, cos_ptr, sin_ptr, q_out_ptr, row, q_token_stride, num_q_heads,
+                           eps, HEAD_DIM)
+        else:
+            _norm_rope_row(k_ptr, k_weight_ptr, cos_ptr, sin_ptr, k_out_ptr, row - num_q_rows, k_token_stride,
+                           num_k_heads, eps, HEAD_DIM)
+
+    @triton.jit
+    def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, gate_row_stride, up_row_stride, width, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < width
+        gate = tl.load(gate_ptr + row * gate_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(up_ptr + row * up_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        dtype = out_ptr.dtype.element_ty
+        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        tl.store(out_ptr + row * width + cols, (activated * up).to(dtype), mask=mask)
