@@ -1,0 +1,268 @@
+"""Model audio (24 kHz mono float32, arriving in chunks) -> the bytes a client asked for.
+
+Encodings: headerless PCM16 (little-endian), WAV, Ogg/Opus, and headerless G.711 mu-law / A-law.
+Every encoding goes through the same steps: soxr's streaming resampler to the requested rate,
+clipping to [-1, 1], then libsndfile, written incrementally into a file object that hands each
+encode() the bytes produced so far. soxr's stream carries its filter state across chunks, so
+any chunking of an utterance gives the samples of one-shot resampling; the headerless encodings
+are per-sample, so their streamed bytes equal the whole-utterance bytes exactly.
+This module deliberately needs no torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import struct
+import wave
+from dataclasses import dataclass
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+MODEL_SAMPLE_RATE = 24000
+SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+# The rates libopus encodes at natively; libsndfile refuses to write Opus at any other.
+OPUS_SAMPLE_RATES = (8000, 12000, 16000, 24000, 48000)
+# The same quality the reference-audio input path uses.
+_RESAMPLE_QUALITY = "HQ"
+# libsndfile's default holds an Ogg page back for about a second, which a streaming client hears
+# as a one-second stall; 80 ms is one codec frame, so pages keep pace with the model.
+_OGG_PAGE_LATENCY_MS = 80.0
+_SFC_SET_OGG_PAGE_LATENCY_MS = 0x1302  # sndfile.h; soundfile exposes no wrapper for it
+_STREAMING_WAV_SIZE = 0xFFFFFFFF
+
+
+class AudioFormatError(ValueError):
+    """An output format the service cannot produce; `field` names the offending request field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class AudioEncoding(enum.Enum):
+    PCM16 = "pcm16"
+    WAV = "wav"
+    OGG_OPUS = "ogg_opus"
+    MULAW = "mulaw"
+    ALAW = "alaw"
+
+
+@dataclass(frozen=True)
+class _Container:
+    """How libsndfile writes one encoding's samples."""
+
+    format: str
+    subtype: str
+    endian: str = "FILE"
+
+
+_CONTAINERS = {
+    # WAV's samples are PCM16; its header is written here, not by libsndfile, which would seek back to fix it.
+    AudioEncoding.PCM16: _Container("RAW", "PCM_16", "LITTLE"),
+    AudioEncoding.WAV: _Container("RAW", "PCM_16", "LITTLE"),
+    AudioEncoding.OGG_OPUS: _Container("OGG", "OPUS"),
+    AudioEncoding.MULAW: _Container("RAW", "ULAW"),
+    AudioEncoding.ALAW: _Container("RAW", "ALAW"),
+}
+
+_MIME_TYPES = {
+    AudioEncoding.WAV: "audio/wav",
+    AudioEncoding.OGG_OPUS: "audio/ogg;codecs=opus",
+}
+# Headerless bytes say nothing about their rate, so the MIME type must.
+_HEADERLESS_MIME_TYPES = {
+    AudioEncoding.PCM16: "audio/L16",
+    AudioEncoding.MULAW: "audio/PCMU",
+    AudioEncoding.ALAW: "audio/PCMA",
+}
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    encoding: AudioEncoding
+    sample_rate: int
+
+    def __post_init__(self) -> None:
+        _check_encoding(self.encoding)
+        _check_sample_rate(self.encoding, self.sample_rate)
+
+    @property
+    def mime_type(self) -> str:
+        if self.encoding in _HEADERLESS_MIME_TYPES:
+            return f"{_HEADERLESS_MIME_TYPES[self.encoding]};rate={self.sample_rate}"
+        return _MIME_TYPES[self.encoding]
+
+
+def _check_encoding(encoding: object) -> None:
+    if not isinstance(encoding, AudioEncoding):
+        names = ", ".join(member.name for member in AudioEncoding)
+        raise AudioFormatError("audio_format.encoding", f"{encoding!r} is not an audio encoding; use one of {names}")
+
+
+def _check_sample_rate(encoding: AudioEncoding, sample_rate: object) -> None:
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate not in SUPPORTED_SAMPLE_RATES:
+        raise AudioFormatError("audio_format.sample_rate", f"{sample_rate!r} Hz is not supported; use one of "
+                               f"{', '.join(map(str, SUPPORTED_SAMPLE_RATES))}")
+    if encoding is AudioEncoding.OGG_OPUS and sample_rate not in OPUS_SAMPLE_RATES:
+        usable = [rate for rate in SUPPORTED_SAMPLE_RATES if rate in OPUS_SAMPLE_RATES]
+        raise AudioFormatError("audio_format.sample_rate", f"Opus cannot encode at {sample_rate} Hz; use one of "
+                               f"{', '.join(map(str, usable))}")
+
+
+class StreamEncoder:
+    """Encodes one utterance chunk by chunk. encode() any number of times, then finish() exactly once."""
+
+    def __init__(self, output: OutputFormat, source_rate: int = MODEL_SAMPLE_RATE) -> None:
+        self._resampler = _Resampler(source_rate, output.sample_rate)
+        self._sink = _LibsndfileSink(_CONTAINERS[output.encoding], output.sample_rate)
+        self._header = _streaming_wav_header(output.sample_rate) if output.encoding is AudioEncoding.WAV else b""
+        self._num_output_samples = 0
+        self._is_finished = False
+
+    @property
+    def num_output_samples(self) -> int:
+        """Samples at the output rate handed to the encoder so far (Opus may not have emitted their bytes yet)."""
+        return self._num_output_samples
+
+    def encode(self, samples: np.ndarray) -> bytes:
+        """float32 mono [T] at the source rate -> the bytes ready so far (b"" while the resampler or Ogg buffers)."""
+        self._require_unfinished()
+        return self._take_header() + self._write(self._resampler.push(_as_mono_float32(samples)))
+
+    def finish(self) -> bytes:
+        """Flushes the resampler's delay line and the container; returns the last bytes of the stream."""
+        self._require_unfinished()
+        self._is_finished = True
+        return self._take_header() + self._write(self._resampler.flush()) + self._sink.close()
+
+    def _write(self, samples: np.ndarray) -> bytes:
+        self._num_output_samples += samples.shape[0]
+        # Resampler ringing and model overshoot can both exceed full scale; saturate rather than wrap.
+        return self._sink.write(np.clip(samples, -1.0, 1.0))
+
+    def _take_header(self) -> bytes:
+        header, self._header = self._header, b""
+        return header
+
+    def _require_unfinished(self) -> None:
+        if self._is_finished:
+            raise RuntimeError("this audio stream is already finished")
+
+
+def encode_whole(samples: np.ndarray, output: OutputFormat, source_rate: int = MODEL_SAMPLE_RATE) -> bytes:
+    """A whole utterance -> one encoded file; for WAV, with a header that states the exact sizes."""
+    if output.encoding is AudioEncoding.WAV:
+        pcm16 = _encode_at_once(samples, OutputFormat(AudioEncoding.PCM16, output.sample_rate), source_rate)
+        return _wav_file(pcm16, output.sample_rate)
+    return _encode_at_once(samples, output, source_rate)
+
+
+def _encode_at_once(samples: np.ndarray, output: OutputFormat, source_rate: int) -> bytes:
+    encoder = StreamEncoder(output, source_rate)
+    return encoder.encode(samples) + encoder.finish()
+
+
+def _as_mono_float32(samples: np.ndarray) -> np.ndarray:
+    mono = np.ascontiguousarray(samples, dtype=np.float32)
+    if mono.ndim != 1:
+        raise ValueError(f"expected mono samples of shape [T], got shape {mono.shape}")
+    return mono
+
+
+class _Resampler:
+    """soxr's streaming resampler, or a pass-through when the rates already agree."""
+
+    def __init__(self, source_rate: int, target_rate: int) -> None:
+        self._stream = None
+        if source_rate != target_rate:
+            self._stream = soxr.ResampleStream(source_rate, target_rate, 1, dtype="float32",
+                                               quality=_RESAMPLE_QUALITY)
+
+    def push(self, samples: np.ndarray) -> np.ndarray:
+        return samples if self._stream is None else self._stream.resample_chunk(samples)
+
+    def flush(self) -> np.ndarray:
+        empty = np.zeros(0, dtype=np.float32)
+        return empty if self._stream is None else self._stream.resample_chunk(empty, last=True)
+
+
+class _LibsndfileSink:
+    """libsndfile writing one container into a forward-only file; each call returns the bytes it produced."""
+
+    def __init__(self, container: _Container, sample_rate: int) -> None:
+        self._file = _ForwardOnlyFile()
+        self._sound_file = sf.SoundFile(self._file, "w", samplerate=sample_rate, channels=1,
+                                        format=container.format, subtype=container.subtype, endian=container.endian)
+        if container.format == "OGG":
+            _set_ogg_page_latency(self._sound_file, _OGG_PAGE_LATENCY_MS)
+
+    def write(self, samples: np.ndarray) -> bytes:
+        if samples.shape[0]:
+            self._sound_file.write(samples)
+        return self._file.take()
+
+    def close(self) -> bytes:
+        self._sound_file.close()
+        return self._file.take()
+
+
+def _set_ogg_page_latency(sound_file: sf.SoundFile, milliseconds: float) -> None:
+    latency = sf._ffi.new("double *", milliseconds)
+    # A libsndfile older than 1.1 refuses the command; its pages then come about a second apart, still valid.
+    sf._snd.sf_command(sound_file._file, _SFC_SET_OGG_PAGE_LATENCY_MS, latency, sf._ffi.sizeof("double"))
+
+
+class _ForwardOnlyFile:
+    """A write-only file object that passes on what was written and keeps nothing.
+
+    libsndfile writes RAW and Ogg strictly forward. A seek anywhere else would mean rewriting bytes
+    a client already has; exceptions cannot cross libsndfile's callbacks, so it is remembered and
+    raised at the next take().
+    """
+
+    def __init__(self) -> None:
+        self._position = 0
+        self._pending = bytearray()
+        self._refused_seek: int | None = None
+
+    def write(self, data: bytes) -> int:
+        self._pending += data
+        self._position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = offset if whence == io.SEEK_SET else self._position + offset
+        if target != self._position:
+            self._refused_seek = target
+        return self._position
+
+    def take(self) -> bytes:
+        if self._refused_seek is not None:
+            raise RuntimeError(f"the encoder tried to seek back to byte {self._refused_seek} of a stream "
+                               f"already {self._position} bytes long")
+        data, self._pending = bytes(self._pending), bytearray()
+        return data
+
+
+def _streaming_wav_header(sample_rate: int) -> bytes:
+    """A PCM16 mono WAV header whose sizes say 'unknown', as streaming servers send before the length is known."""
+    header = bytearray(_wav_file(b"", sample_rate))
+    struct.pack_into("<I", header, 4, _STREAMING_WAV_SIZE)  # the RIFF chunk's size
+    struct.pack_into("<I", header, len(header) - 4, _STREAMING_WAV_SIZE)  # the data chunk's size, the header's end
+    return bytes(header)
+
+
+def _wav_file(pcm16: bytes, sample_rate: int) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(sample_rate)
+        wav.writeframes(pcm16)
+    return buffer.getvalue()
