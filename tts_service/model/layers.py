@@ -93,30 +93,13 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, shape.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, shape.rms_norm_eps)
         self.is_fused = False
-        self.qkv_weight: torch.Tensor | None = None  # set by merge_projections
-
-    def merge_projections(self) -> None:
-        """One [q; k; v] weight, with the three projections' weights re-pointed at views of it.
-
-        The fused path then reads x once in one GEMM instead of three launches; the checkpoint
-        names (and the eager path) keep working because the parameters are views, not copies.
-        """
-        if self.qkv_weight is None:
-            self.qkv_weight = _merge_weights(self.q_proj, self.k_proj, self.v_proj)
-
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.is_fused and self.qkv_weight is not None:
-            q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            return F.linear(x, self.qkv_weight).split((q_width, kv_width, kv_width), dim=-1)
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
         batch, length, _ = x.shape
-        q, k, v = self._project(x)
-        q = q.view(batch, length, self.num_heads, self.head_dim)
-        k = k.view(batch, length, self.num_kv_heads, self.head_dim)
-        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if self.is_fused:
             q, k = fused_ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin)
         else:
@@ -133,32 +116,11 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
         self.is_fused = False
-        self.gate_up_weight: torch.Tensor | None = None  # set by merge_projections
-
-    def merge_projections(self) -> None:
-        """One [gate; up] weight, the two projections' weights re-pointed at views of it."""
-        if self.gate_up_weight is None:
-            self.gate_up_weight = _merge_weights(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.is_fused and self.gate_up_weight is not None:
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-            return self.down_proj(fused_ops.silu_mul(gate, up))
         if self.is_fused:
             return self.down_proj(fused_ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def _merge_weights(*projections: nn.Linear) -> torch.Tensor:
-    if any(projection.bias is not None for projection in projections):
-        raise ValueError("only bias-free projections are merged")
-    merged = torch.cat([projection.weight.detach() for projection in projections])
-    start = 0
-    for projection in projections:
-        rows = projection.weight.shape[0]
-        projection.weight.data = merged[start:start + rows]
-        start += rows
-    return merged
 
 
 class DecoderLayer(nn.Module):
@@ -203,15 +165,12 @@ def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 def use_fused_kernels(module: nn.Module, enabled: bool) -> int:
     """Switch every decoder norm, attention and MLP under `module` to the fused kernels (or back).
 
-    Enabling also merges each layer's q/k/v and gate/up weights into one GEMM (in place, no
-    extra memory). Returns how many modules were switched. The kernels run only on CUDA with
-    Triton; elsewhere the switched modules still take the eager chain, so this is safe anywhere.
+    Returns how many modules were switched. The kernels run only on CUDA with Triton; elsewhere
+    the switched modules still take the eager chain, so this is safe to call on any device.
     """
     switched = 0
     for child in module.modules():
         if isinstance(child, RMSNorm | Attention | MLP):
             child.is_fused = enabled
             switched += 1
-        if enabled and isinstance(child, Attention | MLP):
-            child.merge_projections()
     return switched
