@@ -383,7 +383,7 @@ def _check_shapes(cache: PagedKVCache, query: torch.Tensor, key: torch.Tensor, v
         raise ValueError(f"query/key dtype {query.dtype}/{key.dtype} differs from the cache's {cache.dtype}")
 
 
-def _validate_host_metadata(cache: PagedKVCache, block_tables: torch.Tensor, positions: torch.Tensor,
+def validate_host_metadata(cache: PagedKVCache, block_tables: torch.Tensor, positions: torch.Tensor,
                             ends: torch.Tensor) -> None:
     """Value checks, run only on host tensors so that setting device metadata never syncs."""
     if block_tables.device.type != "cpu" or positions.device.type != "cpu" or ends.device.type != "cpu":
@@ -441,7 +441,7 @@ class PagedDecodeBackend:
         if rows > self.max_batch_size or width > self.max_blocks_per_seq or positions.shape != (rows,):
             raise ValueError(f"metadata {tuple(block_tables.shape)}/{tuple(positions.shape)} exceeds "
                              f"({self.max_batch_size}, {self.max_blocks_per_seq})")
-        _validate_host_metadata(self.cache, block_tables, positions, positions + 1)
+        validate_host_metadata(self.cache, block_tables, positions, positions + 1)
         self.block_tables.fill_(self.cache.scratch_block)
         self.block_tables[:rows, :width].copy_(block_tables, non_blocking=True)
         self.positions.zero_()
@@ -479,9 +479,10 @@ class PagedDecodeBackend:
 
 
 class PagedPrefillBackend:
-    """New tokens for a batch of rows, right-padded to [B, T]; not meant for graph capture.
+    """New tokens for a batch of rows, right-padded to [B, T].
 
-    Metadata (set with `set_metadata` before the forward):
+    Metadata (set with `set_metadata` before the forward, or bound once with `bind_static` to
+    device tensors the caller refills in place, which makes the forward graph-capturable):
       block_tables [B, M] int32: each row's block ids; M bounds the attended span, so a table
         trimmed to the widest row's blocks keeps the dense gather small;
       lengths [B]: valid tokens per row (the rest of the T columns are padding);
@@ -506,11 +507,16 @@ class PagedPrefillBackend:
                              f"{tuple(start_positions.shape)} must be [{rows}]")
         if lengths.device.type == "cpu" and lengths.numel() and lengths.min() < 0:
             raise ValueError("lengths must be >= 0")
-        _validate_host_metadata(self.cache, block_tables, start_positions, start_positions + lengths)
+        validate_host_metadata(self.cache, block_tables, start_positions, start_positions + lengths)
         device = self.cache.device
         self.block_tables = block_tables.to(device, torch.int32, non_blocking=True)
         self.lengths = lengths.to(device, torch.int64, non_blocking=True)
         self.start_positions = start_positions.to(device, torch.int64, non_blocking=True)
+
+    def bind_static(self, block_tables: torch.Tensor, lengths: torch.Tensor, start_positions: torch.Tensor) -> None:
+        """Read metadata from these device tensors as they are at each forward (no copies, no checks:
+        whoever refills them checks the host values with `validate_host_metadata` first)."""
+        self.block_tables, self.lengths, self.start_positions = block_tables, lengths, start_positions
 
     def _token_positions(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions [B, T] of the new tokens and which of them are real."""

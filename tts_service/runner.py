@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from tts_service.frame_step import FrameSampler, PredictorCache, SlotState
 from tts_service.generate import GenerationParams
-from tts_service.kv_cache import PagedDecodeBackend, PagedKVCache, PagedPrefillBackend
+from tts_service.kv_cache import PagedDecodeBackend, PagedKVCache, PagedPrefillBackend, validate_host_metadata
 from tts_service.model.checkpoint import LoadedModel
 from tts_service.model.codec_decoder import CodecStreamState
 from tts_service.model.embedding import embed_prompt, embed_text_ids
@@ -41,6 +41,10 @@ class RunnerConfig:
     # Chunk lengths (frames) whose codec decode is captured, for every batch bucket; other
     # lengths (a stream's last chunk, a restart's context) run eagerly.
     codec_graph_chunk_sizes: tuple[int, ...] = (1, 2, 4, 8, 12)
+    # Prefills of up to the largest of these many requests, padded to the next of these prompt
+    # lengths, replay a captured talker prefill; larger ones run eagerly.
+    prefill_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    prefill_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256)
 
     def __post_init__(self) -> None:
         if self.max_num_slots < 1:
@@ -53,10 +57,19 @@ class RunnerConfig:
             raise ValueError("graph_batch_sizes must be increasing positive integers")
         if any(size < 1 for size in self.codec_graph_chunk_sizes):
             raise ValueError("codec_graph_chunk_sizes must be positive")
+        for name in ("prefill_graph_batch_sizes", "prefill_graph_lengths"):
+            sizes = getattr(self, name)
+            if sorted(set(sizes)) != list(sizes) or (sizes and sizes[0] < 1):
+                raise ValueError(f"{name} must be increasing positive integers")
 
     @property
     def max_blocks_per_request(self) -> int:
         return -(-self.max_positions_per_request // self.block_size)
+
+    def prefill_buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Captured prefill batch sizes (up to the slot count) and prompt lengths (up to a request's)."""
+        return (tuple(size for size in self.prefill_graph_batch_sizes if size <= self.max_num_slots),
+                tuple(length for length in self.prefill_graph_lengths if length <= self.max_positions_per_request))
 
     def batch_buckets(self) -> tuple[int, ...]:
         """Captured sizes up to the slot count, always ending at the slot count itself."""
@@ -118,6 +131,19 @@ class _FirstFrameBuffers:
 
 
 @dataclass
+class _PrefillBuffers:
+    """Right-padded prompt embeddings -> each row's last hidden state, captured per (batch, length) bucket."""
+
+    inputs: torch.Tensor  # [max_batch, max_length, H]
+    lengths: torch.Tensor  # [max_batch] int64; padding rows hold 0 and touch only the scratch block
+    start_positions: torch.Tensor  # [max_batch] int64, always 0: a prefill starts a row's memory
+    block_tables: torch.Tensor  # [max_batch, max_width] int32
+    positions: torch.Tensor  # [max_length] int64: 0, 1, 2, ...
+    last_hidden: torch.Tensor  # [max_batch, H]
+    graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = field(default_factory=dict)
+
+
+@dataclass
 class _CodecBuffers:
     """Codes of a chunk per row -> samples, with the rows' stream state gathered and stored in-graph."""
 
@@ -173,6 +199,8 @@ class ModelRunner:
             codes=torch.zeros(max_batch, self.num_groups, max_chunk, dtype=torch.int64, device=self.device),
             audio=torch.zeros(max_batch, max_chunk * samples_per_frame, dtype=torch.float32, device=self.device),
         )
+        self.prefill_batch_buckets, self.prefill_length_buckets = config.prefill_buckets()
+        self.prefill = self._allocate_prefill_buffers(talker_config.layers.hidden_size)
         self.pad_embedding = embed_text_ids(self.talker, [self.tts_pad_id])[0]
         self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
         if self.uses_graphs:
@@ -195,6 +223,20 @@ class ModelRunner:
     def num_kv_blocks(self) -> int:
         """Blocks requests may use (the cache's scratch block is not one of them)."""
         return self.kv_cache.scratch_block
+
+    def _allocate_prefill_buffers(self, hidden_size: int) -> _PrefillBuffers:
+        max_batch = max(self.prefill_batch_buckets, default=0)
+        max_length = max(self.prefill_length_buckets, default=0)
+        max_width = -(-max_length // self.config.block_size)
+        device = self.device
+        return _PrefillBuffers(
+            inputs=torch.zeros(max_batch, max_length, hidden_size, dtype=self.dtype, device=device),
+            lengths=torch.zeros(max_batch, dtype=torch.int64, device=device),
+            start_positions=torch.zeros(max_batch, dtype=torch.int64, device=device),
+            block_tables=torch.full((max_batch, max_width), self.kv_cache.scratch_block, dtype=torch.int32,
+                                    device=device),
+            positions=torch.arange(max_length, device=device),
+            last_hidden=torch.zeros(max_batch, hidden_size, dtype=self.dtype, device=device))
 
     # -- decode -------------------------------------------------------------------------------
 
@@ -221,6 +263,17 @@ class ModelRunner:
         self._store_codec_rows(slots, rows)
         buffers.audio[:batch, :audio.shape[1]] = audio.float()
 
+    def _prefill_step(self, batch: int, length: int) -> None:
+        buffers = self.prefill
+        width = -(-length // self.config.block_size)
+        lengths = buffers.lengths[:batch]
+        self.prefill_backend.bind_static(buffers.block_tables[:batch, :width], lengths,
+                                         buffers.start_positions[:batch])
+        hidden = self.talker.hidden(buffers.inputs[:batch, :length], buffers.positions[:length].expand(batch, -1),
+                                    self.prefill_backend)
+        rows = torch.arange(batch, device=self.device)
+        buffers.last_hidden[:batch] = hidden[rows, (lengths - 1).clamp(min=0)]
+
     def _capture_graphs(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         self.decode_backend.set_metadata(torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int64))
@@ -241,6 +294,9 @@ class ModelRunner:
                 for num_frames in self.config.codec_graph_chunk_sizes:
                     self.codec.graphs[(batch, num_frames)] = capture(
                         lambda b=batch, t=num_frames: self._codec_step(b, t))
+            for batch in self.prefill_batch_buckets:
+                for length in self.prefill_length_buckets:
+                    self.prefill.graphs[(batch, length)] = capture(lambda b=batch, t=length: self._prefill_step(b, t))
             # The warm-ups advanced the scratch row's stream; keep it bounded at its start.
             self.codec_state.reset_rows(torch.tensor([self.codec_scratch_row], device=self.device))
         torch.cuda.current_stream(self.device).wait_stream(stream)
@@ -275,15 +331,48 @@ class ModelRunner:
         text = embed_text_ids(self.talker, item.resumed_text_ids)
         return torch.cat([embeds, self.talker.embed_frame(frames) + text])
 
+    def _prefill_bucket(self, batch: int, longest: int) -> tuple[int, int] | None:
+        if not self.uses_graphs or batch > max(self.prefill_batch_buckets, default=0) or \
+                longest > max(self.prefill_length_buckets, default=0):
+            return None
+        return (self.prefill_batch_buckets[bisect.bisect_left(self.prefill_batch_buckets, batch)],
+                self.prefill_length_buckets[bisect.bisect_left(self.prefill_length_buckets, longest)])
+
+    def _prefill_hidden_eager(self, embeds: list[torch.Tensor], lengths: torch.Tensor,
+                              block_tables: torch.Tensor) -> torch.Tensor:
+        longest = int(lengths.max())
+        inputs = torch.stack([F.pad(e, (0, 0, 0, longest - e.shape[0])) for e in embeds])
+        self.prefill_backend.set_metadata(block_tables, lengths)
+        positions = torch.arange(longest, device=self.device).expand(len(embeds), -1)
+        hidden = self.talker.hidden(inputs, positions, self.prefill_backend)
+        return hidden[torch.arange(len(embeds), device=self.device), lengths.to(self.device) - 1]
+
+    def _prefill_hidden_graph(self, bucket: tuple[int, int], embeds: list[torch.Tensor], lengths: torch.Tensor,
+                              block_tables: torch.Tensor) -> torch.Tensor:
+        batch_bucket, length_bucket = bucket
+        width = -(-length_bucket // self.config.block_size)
+        # A row may hold blocks for frames to come; its prompt needs only the first `width`.
+        block_tables = block_tables[:, :width]
+        validate_host_metadata(self.kv_cache, block_tables, torch.zeros_like(lengths), lengths)
+        buffers = self.prefill
+        for row, embedding in enumerate(embeds):
+            buffers.inputs[row, :embedding.shape[0]].copy_(embedding)
+        _load_padded(buffers.lengths[:batch_bucket], lengths, 0)
+        tables = buffers.block_tables[:batch_bucket, :width]
+        tables.fill_(self.kv_cache.scratch_block)
+        tables[:len(embeds), :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
+        buffers.graphs[bucket].replay()
+        return buffers.last_hidden[:len(embeds)]
+
     def _prefill(self, prefills: tuple[PrefillInput, ...]) -> torch.Tensor:
         embeds = [self._prefill_embeddings(item) for item in prefills]
         lengths = torch.tensor([e.shape[0] for e in embeds], dtype=torch.int64)
-        longest = int(lengths.max())
-        inputs = torch.stack([F.pad(e, (0, 0, 0, longest - e.shape[0])) for e in embeds])
-        self.prefill_backend.set_metadata(_block_tables([item.block_ids for item in prefills]), lengths)
-        positions = torch.arange(longest, device=self.device).expand(len(prefills), -1)
-        hidden = self.talker.hidden(inputs, positions, self.prefill_backend)
-        last = hidden[torch.arange(len(prefills), device=self.device), lengths.to(self.device) - 1]
+        block_tables = _block_tables([item.block_ids for item in prefills])
+        bucket = self._prefill_bucket(len(prefills), int(lengths.max()))
+        if bucket is None:
+            last = self._prefill_hidden_eager(embeds, lengths, block_tables)
+        else:
+            last = self._prefill_hidden_graph(bucket, embeds, lengths, block_tables)
 
         for item in prefills:
             self.state.assign(item.slot, item.params)
