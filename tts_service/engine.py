@@ -28,7 +28,7 @@ from scheduler.scheduler import Scheduler, SchedulerConfig
 from tts_service.model.checkpoint import LoadedModel
 from tts_service.prompts import Prompt, PromptBuilder, PromptError
 from tts_service.runner import DecodeInput, ModelRunner, PrefillInput, RunnerConfig, StepInput
-from tts_service.step_work import CodecRestart, CodecWork, StepDone, StepWork, execute_step
+from tts_service.step_work import CodecRestart, CodecWork, StepDone, StepWork, compute_frames, decode_audio
 from tts_service.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.text_stream import IncrementalTokenizer, TextTokenization
 
@@ -95,6 +95,7 @@ class _Live:
     frames: list[np.ndarray] = field(default_factory=list)
     reference_codes: np.ndarray | None = None  # in-context clone: the codec's left context
     num_text_ids: int = 0  # tokens of the request's own text
+    first_audio_time: float | None = None  # on the engine's clock, when the first chunk reached the stream
 
     @property
     def request_id(self) -> str:
@@ -269,7 +270,11 @@ class Engine:
                     continue
                 work = self._plan(output)
                 execute_started = time.perf_counter()
-                done = await loop.run_in_executor(self._executor, execute_step, self.runner, work)
+                done = StepDone()
+                if work.restarts or work.chunks:
+                    done = await loop.run_in_executor(self._executor, decode_audio, self.runner, work)
+                    self._deliver_audio(output, done)
+                done = await loop.run_in_executor(self._executor, compute_frames, self.runner, work, done)
                 execute_s = time.perf_counter() - execute_started
                 self._apply(output, done)
                 self._count(output, execute_s, time.perf_counter() - started)
@@ -342,15 +347,22 @@ class Engine:
             self._apply_event(event, done)
         for chunk in output.codec_chunks:
             live = self._live.get(chunk.request_id)
-            if live is None:
-                continue
-            samples = done.audio.get((chunk.request_id, chunk.first_frame))
-            if samples is not None:
-                live.stream.put_audio(AudioChunk(samples, chunk.first_frame, chunk.num_frames))
-            if chunk.is_final:
+            if live is not None and chunk.is_final:
                 request = self.scheduler.requests[chunk.request_id]
                 assert request.finish_reason is not None
                 self._end(live, request.finish_reason)
+
+    def _deliver_audio(self, output: SchedulerOutput, done: StepDone) -> None:
+        """Hand decoded chunks to their streams at once, while the step's frames are still computing."""
+        now = self.clock()
+        for chunk in output.codec_chunks:
+            live = self._live.get(chunk.request_id)
+            samples = done.audio.get((chunk.request_id, chunk.first_frame))
+            if live is None or samples is None:
+                continue
+            if live.first_audio_time is None and chunk.num_frames > 0:
+                live.first_audio_time = now
+            live.stream.put_audio(AudioChunk(samples, chunk.first_frame, chunk.num_frames))
 
     def _apply_event(self, event: RequestEvent, done: StepDone) -> None:
         live = self._live.get(event.request_id)
@@ -371,8 +383,7 @@ class Engine:
         if self._live.pop(live.request_id, None) is None:
             return
         request = self.scheduler.requests.get(live.request_id)
-        first_audio = None if request is None or request.first_audio_time is None else (
-            request.first_audio_time - live.arrival_time)
+        first_audio = None if live.first_audio_time is None else live.first_audio_time - live.arrival_time
         live.stream.finish(SynthesisSummary(
             request_id=live.request_id, finish_reason=reason, num_frames=len(live.frames),
             num_text_tokens=live.num_text_ids, codes=self._stack_frames(live.frames),

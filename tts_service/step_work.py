@@ -57,20 +57,30 @@ class StepDone:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def execute_step(runner: ModelRunner, work: StepWork) -> StepDone:
-    """Run one step; a failure is charged to the requests whose work failed, never raised."""
+def decode_audio(runner: ModelRunner, work: StepWork) -> StepDone:
+    """The step's codec work (restarts, then chunks of frames from earlier steps).
+
+    It runs before the frame step so that its audio can reach the listeners while the frames
+    are computed: a new request's first chunk then waits for its codec chunk alone, not for the
+    next decode step as well.
+    """
     done = StepDone()
     _restart_audio(runner, work.restarts, done)
+    _decode_chunks(runner, work.chunks, done)
+    return done
+
+
+def compute_frames(runner: ModelRunner, work: StepWork, done: StepDone) -> StepDone:
+    """The step's prefills and decodes, added to `done`; a failure is charged to its requests, never raised."""
     if work.step.prefills or work.step.decodes:
         try:
             output = runner.execute(work.step)
         except Exception as error:  # a failed batch fails its requests, not the engine
             logger.exception("frame step failed for %d requests", len(work.prefill_ids) + len(work.decode_ids))
             for request_id in (*work.prefill_ids, *work.decode_ids):
-                done.errors[request_id] = f"frame step failed: {error}"
+                done.errors.setdefault(request_id, f"frame step failed: {error}")
         else:
             _collect_frames(work, output, done)
-    _decode_chunks(runner, work.chunks, done)
     return done
 
 
