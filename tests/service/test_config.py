@@ -1,0 +1,47 @@
+"""The server's configuration: flags over environment over defaults, validated, keys never printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tts_service.__main__ import main
+from tts_service.config import DEFAULT_MODEL, ConfigError, ServerConfig, load_config
+
+
+def test_flags_override_the_environment_which_overrides_the_defaults() -> None:
+    environ = {"QWEN3_TTS_PORT": "6000", "QWEN3_TTS_MAX_WAITING": "7", "QWEN3_TTS_DRAIN_TIMEOUT_SECONDS": "2.5"}
+    config = load_config(["--port", "7000", "--model", "random:tiny-base"], environ)
+    assert (config.port, config.max_waiting, config.drain_timeout_seconds) == (7000, 7, 2.5)
+    assert config.model == "random:tiny-base" and config.max_concurrent == ServerConfig().max_concurrent
+    assert load_config([], {}).model == DEFAULT_MODEL
+
+
+def test_api_keys_come_from_a_file_and_the_environment_and_are_never_described(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("# one key per line\nfile-key-1\n\n  file-key-2  \n")
+    config = load_config(["--api-keys-file", str(keys_file)], {"QWEN3_TTS_API_KEYS": "env-key-1, env-key-2"})
+    assert config.api_keys == {"file-key-1", "file-key-2", "env-key-1", "env-key-2"}
+    for text in (config.describe(), repr(config)):
+        assert "key-1" not in text and "key-2" not in text
+    assert "4 key(s), redacted" in config.describe()
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--port", "70000"], "--port"),
+    (["--max-concurrent", "0"], "--max-concurrent"),
+    (["--max-audio-seconds", "-1"], "--max-audio-seconds"),
+    (["--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"], "--tls-cert"),
+    (["--tls-key", "/nonexistent/key.pem"], "--tls-cert"),
+    (["--log-level", "chatty"], "--log-level"),
+    (["--api-keys-file", "/nonexistent/keys"], "--api-keys-file"),
+])
+def test_invalid_settings_are_refused_naming_the_flag(argv: list[str], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        load_config(argv, {})
+
+
+def test_the_server_command_exits_with_a_usage_error_for_a_bad_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--port", "-1"]) == 2
+    assert "--port" in capsys.readouterr().err

@@ -1,0 +1,110 @@
+"""Bad input and failures become the documented status codes, and the server keeps serving after each."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from clients.qwen3_tts_client import AudioFormat, Generation, TtsClient, Voice, tts_pb2
+from clients.qwen3_tts_client.client import streaming_config
+from tests.service.helpers import GREEDY, RYAN, RunningServer, wait_until
+
+pb = tts_pb2
+ONE_FRAME = Generation(temperature=0.0, max_audio_seconds=0.08)
+
+
+def assert_still_serving(client: TtsClient) -> None:
+    response = client.synthesize("Still here.", RYAN, generation=ONE_FRAME)
+    assert response.completion.usage.audio_frames == 1
+
+
+def raw_stream(client: TtsClient, requests: list[Any]) -> list[Any]:
+    """A StreamingSynthesize call with hand-made request messages."""
+    return list(client.stub.StreamingSynthesize(iter(requests), timeout=10))
+
+
+def text(fragment: str) -> Any:
+    return pb.StreamingSynthesizeRequest(text=fragment)
+
+
+INVALID_REQUESTS: dict[str, tuple[Callable[[TtsClient], object], str]] = {
+    "empty text": (lambda c: c.synthesize("", RYAN), "text: must not be empty"),
+    "blank text": (lambda c: c.synthesize("  \n ", RYAN), "text: must not be empty"),
+    "over-long text": (lambda c: c.synthesize("x" * 401, RYAN), "text: is 401 characters long"),
+    "over-long instruction": (lambda c: c.synthesize("Hi.", Voice(speaker="ryan", instruction="y" * 401)),
+                              "voice.instruction: is 401 characters long"),
+    "unknown speaker": (lambda c: c.synthesize("Hi.", Voice(speaker="bob")), "voice.speaker: unknown speaker 'bob'"),
+    "unknown language": (lambda c: c.synthesize("Hi.", Voice(speaker="ryan", language="klingon")),
+                         "voice.language: unknown language 'klingon'"),
+    "temperature out of range": (lambda c: c.synthesize("Hi.", RYAN, generation=Generation(temperature=101.0)),
+                                 "generation.temperature must be in [0, 100]"),
+    "top_p out of range": (lambda c: c.synthesize("Hi.", RYAN, generation=Generation(top_p=0.0)),
+                           "generation.top_p must be in (0, 1]"),
+    "repetition penalty out of range": (
+        lambda c: c.synthesize("Hi.", RYAN, generation=Generation(repetition_penalty=0.0)),
+        "generation.repetition_penalty"),
+    "seed out of range": (lambda c: c.synthesize("Hi.", RYAN, generation=Generation(seed=2**32)),
+                          "generation.seed must be in [0, 2**32)"),
+    "too much audio": (lambda c: c.synthesize("Hi.", RYAN, generation=Generation(max_audio_seconds=5.0)),
+                       "generation.max_audio_seconds: must be in (0, 0.48]"),
+    "unsupported sample rate": (lambda c: c.synthesize("Hi.", RYAN, AudioFormat("wav", 12345)),
+                                "audio_format.sample_rate"),
+    "opus at a rate it lacks": (lambda c: list(c.synthesize_online("Hi.", RYAN, AudioFormat("ogg_opus", 44100))),
+                                "audio_format.sample_rate: Opus cannot encode at 44100 Hz"),
+    "unknown encoding number": (lambda c: c.stub.Synthesize(pb.SynthesizeRequest(
+        text="Hi.", voice=RYAN.to_proto(), audio_format=pb.AudioFormat(encoding=42))), "audio_format.encoding"),
+    "feature the model lacks: cloning": (
+        lambda c: c.synthesize("Hi.", Voice(reference_audio=b"RIFF....", reference_text="Hello.")),
+        "voice.reference_audio: the loaded custom_voice model cannot clone voices"),
+    "config not first": (lambda c: raw_stream(c, [text("Hello."), streaming_config(RYAN)]),
+                         "config: the first message must carry the config"),
+    "no message at all": (lambda c: raw_stream(c, []), "config: the request stream ended before its first message"),
+    "second config": (lambda c: raw_stream(c, [streaming_config(RYAN), text("Hello "), streaming_config(RYAN)]),
+                      "config: only the first message may carry the config"),
+    "empty message after the config": (lambda c: raw_stream(c, [streaming_config(RYAN),
+                                                                pb.StreamingSynthesizeRequest()]),
+                                       "request: every message after the config carries text or a flush"),
+    "streamed text closed empty": (lambda c: list(c.streaming_synthesize([" ", "\n"], RYAN)),
+                                   "text: must not be empty"),
+    "streamed text too long": (lambda c: list(c.streaming_synthesize(["word " * 50, "word " * 50], RYAN)),
+                               "text: the streamed text exceeds 400 characters"),
+    "bad voice in a stream's config": (lambda c: list(c.streaming_synthesize(["Hi."], Voice(speaker="bob"))),
+                                       "voice.speaker: unknown speaker"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID_REQUESTS, ids=list(INVALID_REQUESTS))
+def test_invalid_requests_get_invalid_argument_naming_the_field(custom_voice_server: RunningServer,
+                                                                client: TtsClient, case: str) -> None:
+    call, message = INVALID_REQUESTS[case]
+    with pytest.raises(grpc.RpcError) as caught:
+        call(client)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert message in caught.value.details()
+    assert wait_until(lambda: custom_voice_server.engine.num_live_requests == 0, timeout_s=2.0)
+    assert_still_serving(client)
+
+
+def test_a_request_failing_inside_the_engine_gets_internal_and_the_server_goes_on(
+        custom_voice_server: RunningServer, client: TtsClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = custom_voice_server.engine.runner
+    original = runner.execute
+    has_failed = threading.Event()
+
+    def fail_once(step: Any) -> Any:
+        if not has_failed.is_set():
+            has_failed.set()
+            raise RuntimeError("injected fault")
+        return original(step)
+
+    monkeypatch.setattr(runner, "execute", fail_once)
+    with pytest.raises(grpc.RpcError) as caught:
+        list(client.synthesize_online("Hello there.", RYAN, generation=GREEDY))
+    assert caught.value.code() is grpc.StatusCode.INTERNAL
+    assert "injected fault" not in caught.value.details()  # internals stay in the server's log
+    assert has_failed.is_set()
+    assert_still_serving(client)

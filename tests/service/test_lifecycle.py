@@ -1,0 +1,86 @@
+"""Start-up and shutdown: health follows the engine, draining refuses new calls and lets running ones finish."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from clients.qwen3_tts_client import TtsClient
+from clients.qwen3_tts_client.protocol import SERVICE_NAME
+from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server, wait_until
+from tts_service.model.checkpoint import LoadedModel
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def health(client: TtsClient, service: str = "") -> int:
+    return health_pb2_grpc.HealthStub(client.channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                            timeout=5).status
+
+
+def assert_unavailable(client: TtsClient) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        client.synthesize("Hello.", RYAN, generation=GREEDY)
+    assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+def text_until(release: threading.Event, before: str, after: str) -> Iterator[str]:
+    yield before
+    release.wait(timeout=30)
+    yield after
+
+
+@pytest.fixture
+def fresh_server(tiny_models: dict[str, LoadedModel]) -> Iterator[RunningServer]:
+    running = start_server(tiny_models["custom_voice"], with_engine=False, drain_timeout_seconds=5.0)
+    yield running
+    running.stop()
+
+
+def test_health_is_not_serving_and_speech_is_unavailable_until_the_engine_runs(fresh_server: RunningServer) -> None:
+    with fresh_server.client() as client:
+        assert health(client) == NOT_SERVING and health(client, SERVICE_NAME) == NOT_SERVING
+        assert_unavailable(client)
+        fresh_server.attach_engine()
+        assert health(client) == SERVING and health(client, SERVICE_NAME) == SERVING
+        assert client.synthesize("Hello.", RYAN, generation=GREEDY).completion.usage.audio_frames >= 2
+
+
+def test_draining_refuses_new_calls_and_lets_running_ones_finish(fresh_server: RunningServer) -> None:
+    fresh_server.attach_engine()
+    release = threading.Event()
+    with fresh_server.client() as client, ThreadPoolExecutor(max_workers=1) as calls:
+        running = calls.submit(list, client.streaming_synthesize(text_until(release, "Hi ", "there."), RYAN,
+                                                                 generation=GREEDY))
+        assert wait_until(lambda: fresh_server.engine.num_live_requests == 1)
+        drained = asyncio.run_coroutine_threadsafe(fresh_server.server.drain(), fresh_server.loop)
+        assert wait_until(lambda: health(client) == NOT_SERVING)
+        assert health(client, SERVICE_NAME) == NOT_SERVING
+        assert_unavailable(client)
+        assert not drained.done()  # still waiting for the running call
+        release.set()
+        assert running.result(timeout=30)[-1].completion.usage.audio_frames >= 2
+        assert drained.result(timeout=10) is True
+
+
+def test_shutdown_cancels_calls_still_running_after_the_drain_timeout_and_stops_the_engine(
+        tiny_models: dict[str, LoadedModel]) -> None:
+    server = start_server(tiny_models["custom_voice"], drain_timeout_seconds=0.2)
+    release = threading.Event()
+    try:
+        with server.client() as client, ThreadPoolExecutor(max_workers=1) as calls:
+            stuck = calls.submit(list, client.streaming_synthesize(text_until(release, "Hi ", "there."), RYAN))
+            assert wait_until(lambda: server.engine.num_live_requests == 1)
+            server.stop()
+            with pytest.raises(grpc.RpcError):
+                stuck.result(timeout=10)
+    finally:
+        release.set()
+    assert server.engine.num_live_requests == 0 and not server.engine.is_running

@@ -1,0 +1,279 @@
+"""The Node.js client (clients/node) against the real server, run as its own process.
+
+One server process (`python -m tts_service --model random:tiny-custom_voice`, on the CPU, with an
+API key) serves the module; every test runs the Node CLI, `node clients/node/bin/qwen3-tts.js`, in
+a subprocess, as a user would. Needs `node` on PATH (skipped otherwise); installs the client's
+packages with `npm ci` when clients/node/node_modules is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import soundfile
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_PACKAGE = ROOT / "clients" / "node"
+CLI = NODE_PACKAGE / "bin" / "qwen3-tts.js"
+API_KEY = "node-client-test-key"
+# Short utterances keep the module fast on a small CPU: the random model never stops on its own.
+MAX_AUDIO_SECONDS = 2.0
+SAMPLES_PER_FRAME_24K = 1920
+SERVER_START_TIMEOUT_S = 120.0
+CLI_TIMEOUT_S = 90.0
+SUMMARY = re.compile(r"wrote (?P<output>.+?): (?P<seconds>[0-9.]+) s of audio \((?P<encoding>\w+), (?P<rate>\d+) Hz\)"
+                     r".* finish reason (?P<reason>\w+)")
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    target: str
+    log: Path
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH: the Node.js client cannot run here")
+    if not (NODE_PACKAGE / "node_modules" / "@grpc" / "grpc-js").is_dir():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.skip("npm is not on PATH and clients/node/node_modules is missing")
+        install = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_PACKAGE, capture_output=True,
+                                 text=True, timeout=600)
+        assert install.returncode == 0, f"npm ci failed in {NODE_PACKAGE}:\n{install.stdout}\n{install.stderr}"
+    return node
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until_serving(server: Server) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    with grpc.insecure_channel(server.target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if server.process.poll() is not None:
+                pytest.fail(f"the server exited with {server.process.returncode} while starting:\n{server.log_tail()}")
+            try:
+                status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass  # not listening yet
+            time.sleep(0.25)
+    pytest.fail(f"the server was not SERVING after {SERVER_START_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(node: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    directory = tmp_path_factory.mktemp("node-client-server")
+    keys = directory / "api-keys"
+    keys.write_text(f"# the test's key\n{API_KEY}\n")
+    log = directory / "server.log"
+    port = free_port()
+    # The server reads QWEN3_TTS_* variables as flags: none from the caller's environment may leak in.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("QWEN3_TTS_")}
+    command = [sys.executable, "-m", "tts_service", "--model", "random:tiny-custom_voice", "--device", "cpu",
+               "--host", "127.0.0.1", "--port", str(port), "--api-keys-file", str(keys),
+               "--max-audio-seconds", str(MAX_AUDIO_SECONDS), "--drain-timeout-seconds", "2"]
+    with open(log, "wb") as log_file:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    running = Server(process, f"127.0.0.1:{port}", log)
+    try:
+        wait_until_serving(running)
+        yield running
+    finally:
+        stop(process)
+
+
+def cli_args(server: Server, *args: str, api_key: str | None = API_KEY) -> list[str]:
+    return ["--server", server.target, *(["--api-key", api_key] if api_key else []), *args]
+
+
+def run_cli(node: str, server: Server, *args: str, api_key: str | None = API_KEY) -> subprocess.CompletedProcess[str]:
+    env = {name: value for name, value in os.environ.items() if name != "QWEN3_TTS_API_KEY"}
+    return subprocess.run([node, str(CLI), *cli_args(server, *args, api_key=api_key)], capture_output=True,
+                          text=True, timeout=CLI_TIMEOUT_S, env=env)
+
+
+def summary(stderr: str) -> re.Match[str]:
+    match = SUMMARY.search(stderr)
+    assert match, f"no summary line in the CLI's stderr:\n{stderr}"
+    return match
+
+
+def test_node_sources_parse_and_the_offline_unit_tests_pass(node: str) -> None:
+    sources = sorted(str(path) for folder in ("src", "bin", "examples", "test")
+                     for path in (NODE_PACKAGE / folder).glob("*.js"))
+    assert sources
+    for source in sources:
+        check = subprocess.run([node, "--check", source], capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stderr
+    unit = subprocess.run([node, "--test", "test/offline.test.js"], cwd=NODE_PACKAGE, capture_output=True, text=True,
+                          timeout=120)
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+
+
+def test_voices_lists_the_loaded_models_speakers(node: str, server: Server) -> None:
+    result = run_cli(node, server, "voices", "--json")
+    assert result.returncode == 0, result.stderr
+    voices = json.loads(result.stdout)
+    assert voices["mode"] == "MODEL_MODE_CUSTOM_VOICE"
+    assert voices["random_weights"] is True
+    assert "ryan" in [speaker["name"] for speaker in voices["speakers"]]
+    assert "AUDIO_ENCODING_PCM16" in [support["encoding"] for support in voices["output_formats"]]
+
+
+def test_stream_speaks_stdin_fragments_before_stdin_closes_and_writes_a_complete_wav(
+        node: str, server: Server, tmp_path: Path) -> None:
+    output = tmp_path / "streamed.wav"
+    process = subprocess.Popen(
+        [node, str(CLI), *cli_args(server, "stream", "-o", str(output), "--speaker", "ryan", "--language", "english")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdin is not None
+    try:
+        # Fragments split inside words, each sent on its own as soon as it is written.
+        for fragment in ("Hel", "lo wor", "ld, this is a str"):
+            process.stdin.write(fragment.encode())
+            process.stdin.flush()
+            time.sleep(0.1)
+        # Audio reaches the file while stdin is still open: the CLI sent the text as it arrived,
+        # and writes the audio as it arrives.
+        deadline = time.monotonic() + 60
+        while not (output.exists() and output.stat().st_size > 44):
+            assert process.poll() is None, process.communicate()[1].decode()
+            assert time.monotonic() < deadline, "no audio while the text was still open"
+            time.sleep(0.05)
+        for fragment in ("eaming te", "st."):
+            process.stdin.write(fragment.encode())
+            process.stdin.flush()
+            time.sleep(0.1)
+        _, stderr_bytes = process.communicate(timeout=CLI_TIMEOUT_S)  # closes stdin: the end of the text
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    stderr = stderr_bytes.decode()
+    assert process.returncode == 0, stderr
+
+    result = summary(stderr)
+    audio, rate = soundfile.read(output, dtype="int16")
+    assert rate == 24000
+    assert result["encoding"] == "wav"
+    assert result["reason"] in ("stopped", "length")
+    assert 0 < len(audio) <= MAX_AUDIO_SECONDS * rate
+    assert len(audio) % SAMPLES_PER_FRAME_24K == 0
+    assert len(audio) == round(float(result["seconds"]) * rate)
+    # The streamed header's "unknown" sizes were replaced by the real ones.
+    data = output.read_bytes()
+    assert int.from_bytes(data[4:8], "little") == len(data) - 8
+    assert data.find(b"data") > 0
+    assert int.from_bytes(data[data.find(b"data") + 4:data.find(b"data") + 8], "little") == len(audio) * 2
+
+
+def test_library_streams_tokens_with_a_flush_and_iterates_contiguous_audio_to_the_completion(
+        node: str, server: Server) -> None:
+    env = {**os.environ, "QWEN3_TTS_API_KEY": API_KEY}
+    result = subprocess.run([node, str(NODE_PACKAGE / "examples" / "stream-tokens.js"), server.target, "ryan"],
+                            capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
+    assert result.returncode == 0, result.stderr
+    streamed = json.loads(result.stdout)
+    assert streamed["flushAcks"] == ["after-this"]
+    assert streamed["chunks"] > 0
+    assert streamed["contiguous"]
+    assert streamed["bytes"] == streamed["samples"] * 2  # PCM16: two bytes a sample
+    completion = streamed["completion"]
+    assert completion["finish_reason"] in ("FINISH_REASON_STOPPED", "FINISH_REASON_LENGTH")
+    assert streamed["samples"] == round(completion["usage"]["audio_seconds"] * 16000)
+    assert streamed["requestId"] == completion["request_id"] != ""
+
+
+@pytest.mark.parametrize("call", ["streamed", "unary"])
+def test_say_writes_headerless_pcm16_at_the_requested_rate(node: str, server: Server, tmp_path: Path,
+                                                           call: str) -> None:
+    output = tmp_path / "said.pcm"
+    result = run_cli(node, server, "say", "Hello from Node.", "-o", str(output), "--speaker", "ryan",
+                     "--encoding", "pcm16", "--sample-rate", "16000", "--max-seconds", "0.8", "--seed", "7",
+                     *(["--unary"] if call == "unary" else []))
+    assert result.returncode == 0, result.stderr
+    said = summary(result.stderr)
+    assert (said["encoding"], said["rate"]) == ("pcm16", "16000")
+    size = output.stat().st_size
+    assert size > 0
+    assert size % 2 == 0
+    assert size == round(float(said["seconds"]) * 16000) * 2
+    assert not output.read_bytes().startswith(b"RIFF")
+
+
+def test_unknown_speaker_makes_say_exit_nonzero_with_invalid_argument(node: str, server: Server,
+                                                                       tmp_path: Path) -> None:
+    output = tmp_path / "nobody.wav"
+    result = run_cli(node, server, "say", "Hello.", "-o", str(output), "--speaker", "nobody")
+    assert result.returncode != 0
+    assert "INVALID_ARGUMENT" in result.stderr
+    assert "nobody" in result.stderr
+    assert not output.exists()
+
+
+def test_unknown_speaker_ends_stream_with_invalid_argument_while_stdin_is_still_open(
+        node: str, server: Server, tmp_path: Path) -> None:
+    output = tmp_path / "nobody-stream.wav"
+    process = subprocess.Popen(
+        [node, str(CLI), *cli_args(server, "stream", "-o", str(output), "--speaker", "nobody")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdin is not None and process.stderr is not None
+    try:
+        process.stdin.write(b"Hello the")
+        process.stdin.flush()
+        returncode = process.wait(timeout=CLI_TIMEOUT_S)  # stdin never closed: the error alone ends the CLI
+        stderr = process.stderr.read().decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdin.close()
+    assert returncode != 0
+    assert "INVALID_ARGUMENT" in stderr
+    assert not output.exists()
+
+
+def test_missing_api_key_makes_the_cli_exit_nonzero_with_unauthenticated(node: str, server: Server,
+                                                                          tmp_path: Path) -> None:
+    result = run_cli(node, server, "say", "Hello.", "-o", str(tmp_path / "denied.wav"), "--speaker", "ryan",
+                     api_key=None)
+    assert result.returncode != 0
+    assert "UNAUTHENTICATED" in result.stderr

@@ -1,0 +1,116 @@
+"""`python -m tts_service` / `qwen3-tts-server`: configuration -> model -> engine -> gRPC server.
+
+The server listens before the model has loaded, so health checks answer NOT_SERVING (and speech
+calls UNAVAILABLE) during a load that can take minutes; it turns SERVING once the engine runs.
+SIGTERM or SIGINT drains it: NOT_SERVING, new calls refused, running calls given the drain
+timeout to finish, then the engine stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from tts_service.config import ConfigError, ServerConfig, load_config
+
+if TYPE_CHECKING:
+    from tts_service.server import Runtime
+
+T = TypeVar("T")
+
+logger = logging.getLogger("tts_service")
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_runtime(config: ServerConfig) -> Runtime:
+    from tts_service.model.checkpoint import LoadOptions
+    from tts_service.server import Runtime, create_engine
+    from tts_service.synthesize import load_with_offline_fallback
+
+    model = load_with_offline_fallback(config.model, LoadOptions.default_for(resolve_device(config.device)))
+    if model.is_random:
+        logger.warning("the model %s has RANDOM weights: its audio is noise, not speech", model.source)
+    return Runtime.for_engine(model, create_engine(model, config))
+
+
+def in_daemon_thread(function: Callable[[], T]) -> asyncio.Future[T]:
+    """Run `function` in a daemon thread, so that a shutdown during a long model load need not wait for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)  # type: ignore[arg-type]
+        else:
+            future.set_exception(error)
+
+    def run() -> None:
+        try:
+            result, error = function(), None
+        except BaseException as caught:  # handed to the loop, which raises it where it is awaited
+            result, error = None, caught
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for the model any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="tts-model-load", daemon=True).start()
+    return future
+
+
+async def serve(config: ServerConfig) -> int:
+    from tts_service.model.checkpoint import CheckpointError
+    from tts_service.server import TtsServer
+
+    server = TtsServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        # In a thread, so that health checks are answered while the model loads.
+        loading = in_daemon_thread(lambda: load_runtime(config))
+        await asyncio.wait([loading, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():
+            logger.info("stopping before the model finished loading")
+            return 0
+        runtime = loading.result()
+        runtime.engine.start()
+        await server.serve(runtime)
+        await stop.wait()
+        logger.info("shutdown requested")
+        return 0
+    except (CheckpointError, ValueError, OSError) as error:
+        logger.error("cannot load the model: %s", error)
+        return 1
+    finally:
+        await server.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = load_config(argv)
+    except ConfigError as error:
+        sys.stderr.write(f"qwen3-tts-server: {error}\n")
+        return 2
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logger.info("configuration:\n%s", config.describe())
+    return asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
