@@ -1,0 +1,74 @@
+"""python -m clients.loadgen: see the package docstring."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from clients.loadgen.report import summarize, table
+from clients.loadgen.run import RequestSettings, run_schedule
+from clients.loadgen.schedule import poisson_schedule
+from clients.qwen3_tts_client import AsyncTtsClient, AudioFormat, Connection, Generation, Voice
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m clients.loadgen",
+                                     description="Open-loop Poisson load over gRPC streaming calls.")
+    parser.add_argument("--server", default="localhost:50051")
+    parser.add_argument("--rate", type=float, required=True, help="mean arrivals per second")
+    parser.add_argument("--duration", type=float, required=True, help="seconds over which requests arrive")
+    parser.add_argument("--rpc", choices=("online", "streaming", "mixed"), default="mixed",
+                        help="SynthesizeOnline, StreamingSynthesize, or a random mix")
+    parser.add_argument("--speaker", default="ryan")
+    parser.add_argument("--language", default="english")
+    parser.add_argument("--encoding", default="pcm16")
+    parser.add_argument("--sample-rate", type=int, default=0, help="0: the model's 24000 Hz")
+    parser.add_argument("--max-audio-seconds", type=float, help="cap on each request's audio (default: none)")
+    parser.add_argument("--temperature", type=float, help="unset: the model's default")
+    parser.add_argument("--fragment-interval", type=float, default=0.0,
+                        help="StreamingSynthesize: seconds between text fragments (0: as fast as possible)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="per-call deadline in seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--api-key", default="")
+    parser.add_argument("--ca", help="PEM CA bundle: connect with TLS")
+    parser.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> dict:
+    planned = poisson_schedule(args.rate, args.duration, args.rpc, args.seed, args.max_audio_seconds)
+    settings = RequestSettings(voice=Voice(speaker=args.speaker, language=args.language),
+                               audio_format=AudioFormat(args.encoding, args.sample_rate),
+                               generation=Generation(temperature=args.temperature, seed=args.seed),
+                               fragment_interval_s=args.fragment_interval, timeout_s=args.timeout)
+    connection = Connection(target=args.server, api_key=args.api_key,
+                            root_certificates=Path(args.ca).read_bytes() if args.ca else None)
+    async with AsyncTtsClient(connection) as client:
+        started = time.perf_counter()
+        records = await run_schedule(client, planned, settings)
+        wall_s = time.perf_counter() - started
+    return {"benchmark": "loadgen", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "server": args.server,
+            "command": " ".join(["python -m clients.loadgen", *sys.argv[1:]]),
+            "settings": {"rate": args.rate, "duration_s": args.duration, "rpc": args.rpc, "seed": args.seed,
+                         "encoding": args.encoding, "sample_rate": args.sample_rate,
+                         "fragment_interval_s": args.fragment_interval, "max_audio_seconds": args.max_audio_seconds},
+            "schedule": [asdict(request) for request in planned], "wall_s": wall_s,
+            "summary": summarize(records, wall_s), "requests": [asdict(record) for record in records]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    report = asyncio.run(_run(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    sys.stdout.write(table(args.rate, report["summary"]) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""Sending the planned requests on schedule and timing what comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import grpc
+
+from clients.loadgen.playback import ChunkArrival, Underruns, underruns
+from clients.loadgen.schedule import PlannedRequest, text_fragments
+from clients.qwen3_tts_client import AsyncTtsClient, AudioFormat, Generation, Voice
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    voice: Voice
+    audio_format: AudioFormat
+    generation: Generation  # max_audio_seconds comes from each planned request
+    fragment_interval_s: float  # StreamingSynthesize: pause between text fragments
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    index: int
+    rpc: str
+    text_chars: int
+    scheduled_s: float
+    start_lag_s: float  # how late the generator sent it
+    status: str  # "OK" or the gRPC status code's name
+    time_to_first_audio_s: float | None
+    end_to_end_s: float | None
+    audio_s: float
+    realtime_factor: float | None
+    num_chunks: int
+    underruns: Underruns
+    finish_reason: str
+
+
+async def run_schedule(client: AsyncTtsClient, planned: list[PlannedRequest],
+                       settings: RequestSettings) -> list[RequestRecord]:
+    loop = asyncio.get_running_loop()
+    run_start = loop.time()
+
+    async def at_its_time(request: PlannedRequest) -> RequestRecord:
+        await asyncio.sleep(max(0.0, run_start + request.start_s - loop.time()))
+        lag = loop.time() - run_start - request.start_s
+        return await timed_request(client, request, settings, lag)
+
+    return list(await asyncio.gather(*(at_its_time(request) for request in planned)))
+
+
+async def timed_request(client: AsyncTtsClient, request: PlannedRequest, settings: RequestSettings,
+                        start_lag_s: float) -> RequestRecord:
+    generation = replace(settings.generation, max_audio_seconds=request.max_audio_seconds,
+                         seed=(settings.generation.seed or 0) + request.index)
+    started = time.perf_counter()
+    first_text_sent: list[float] = []
+    if request.rpc == "online":
+        first_text_sent.append(started)
+        call = client.synthesize_online(request.text, settings.voice, settings.audio_format, generation,
+                                        timeout=settings.timeout_s)
+    else:
+        call = client.streaming_synthesize(_paced(text_fragments(request.text), settings.fragment_interval_s,
+                                                  first_text_sent),
+                                           settings.voice, settings.audio_format, generation,
+                                           timeout=settings.timeout_s)
+    arrivals: list[ChunkArrival] = []
+    completion: Any = None
+    status = "OK"
+    try:
+        async for response in call:
+            if response.HasField("chunk") and response.chunk.num_samples > 0:
+                arrivals.append(ChunkArrival(time.perf_counter(), response.chunk.offset_seconds))
+            if response.HasField("completion"):
+                completion = response.completion
+    except grpc.aio.AioRpcError as error:
+        status = error.code().name
+    ended = time.perf_counter()
+    return _record(request, start_lag_s, status, started, first_text_sent, arrivals, completion, ended)
+
+
+async def _paced(fragments: list[str], interval_s: float, first_sent: list[float]) -> AsyncIterator[str]:
+    for position, fragment in enumerate(fragments):
+        if position and interval_s > 0:
+            await asyncio.sleep(interval_s)
+        if not first_sent:
+            first_sent.append(time.perf_counter())
+        yield fragment
+
+
+def _record(request: PlannedRequest, start_lag_s: float, status: str, started: float, first_text_sent: list[float],
+            arrivals: list[ChunkArrival], completion: Any, ended: float) -> RequestRecord:
+    is_ok = status == "OK"
+    audio_s = completion.usage.audio_seconds if completion is not None else 0.0
+    first_audio = arrivals[0].arrival_s - first_text_sent[0] if is_ok and arrivals and first_text_sent else None
+    end_to_end = ended - started if is_ok else None
+    finish_reason = "" if completion is None else \
+        type(completion).DESCRIPTOR.fields_by_name["finish_reason"].enum_type.values_by_number[
+            completion.finish_reason].name.removeprefix("FINISH_REASON_").lower()
+    return RequestRecord(
+        index=request.index, rpc=request.rpc, text_chars=len(request.text), scheduled_s=request.start_s,
+        start_lag_s=start_lag_s, status=status, time_to_first_audio_s=first_audio, end_to_end_s=end_to_end,
+        audio_s=audio_s, realtime_factor=end_to_end / audio_s if end_to_end is not None and audio_s > 0 else None,
+        num_chunks=len(arrivals), underruns=underruns(arrivals), finish_reason=finish_reason)
