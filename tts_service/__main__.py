@@ -1,7 +1,8 @@
 """`python -m tts_service` / `qwen3-tts-server`: configuration -> model -> engine -> gRPC server.
 
 The server listens before the model has loaded, so health checks answer NOT_SERVING (and speech
-calls UNAVAILABLE) during a load that can take minutes; it turns SERVING once the engine runs.
+calls UNAVAILABLE) during a load that can take minutes; it turns SERVING once the engine runs and
+one short warm-up synthesis has gone through it.
 SIGTERM or SIGINT drains it: NOT_SERVING, new calls refused, running calls given the drain
 timeout to finish, then the engine stops.
 """
@@ -74,6 +75,7 @@ def in_daemon_thread(function: Callable[[], T]) -> asyncio.Future[T]:
 async def serve(config: ServerConfig) -> int:
     from tts_service.model.checkpoint import CheckpointError
     from tts_service.server import TtsServer
+    from tts_service.warm_up import warm_up
 
     server = TtsServer(config)
     await server.start()
@@ -90,6 +92,7 @@ async def serve(config: ServerConfig) -> int:
             return 0
         runtime = loading.result()
         runtime.engine.start()
+        await warm_up(runtime.model, runtime.engine)
         await server.serve(runtime)
         await stop.wait()
         logger.info("shutdown requested")

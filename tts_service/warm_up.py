@@ -1,0 +1,46 @@
+"""One short synthesis through the running engine before the server says SERVING.
+
+The first request after start-up otherwise pays one-time costs (first calls into the tokenizer,
+allocator growth, lazily built state) on a client's time: measured on the tiny CPU model, 0.86 s
+to first audio for the first request against ~0.12 s for the next ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from tts_service.engine import Engine
+from tts_service.generate import GenerationParams
+from tts_service.model.checkpoint import LoadedModel
+from tts_service.prompts import SynthesisInput
+from tts_service.streams import SynthesisRequest
+
+logger = logging.getLogger(__name__)
+_WARM_UP_TEXT = "Hello, this is a warm-up."
+_WARM_UP_FRAMES = 4
+
+
+def warm_up_input(model: LoadedModel) -> SynthesisInput | None:
+    """A request the model can serve without client data; None for voice-clone models (they need audio)."""
+    talker = model.config.talker
+    if talker.speaker_ids:
+        return SynthesisInput(_WARM_UP_TEXT, "auto", speaker=sorted(talker.speaker_ids)[0])
+    if model.config.accepts_instruction:
+        return SynthesisInput(_WARM_UP_TEXT, "auto", instruction="A calm, clear voice.")
+    return None
+
+
+async def warm_up(model: LoadedModel, engine: Engine) -> bool:
+    """Run the warm-up synthesis to its end; False when the model has none (nothing was run)."""
+    synthesis = warm_up_input(model)
+    if synthesis is None:
+        logger.info("no warm-up synthesis: a voice-clone model needs reference audio")
+        return False
+    started = time.perf_counter()
+    params = GenerationParams(max_new_frames=_WARM_UP_FRAMES, min_new_frames=_WARM_UP_FRAMES)
+    stream = engine.submit(SynthesisRequest(f"warm-up-{uuid.uuid4().hex}", synthesis, params))
+    _, summary = await stream.collect()
+    logger.info("warm-up synthesis of %d frames took %.2f s", summary.num_frames, time.perf_counter() - started)
+    return True
