@@ -4,7 +4,8 @@ The servicer only translates: requests become SynthesisRequests, engine errors b
 codes, audio chunks become encoded bytes. The engine owns scheduling. Around the servicer sit
 the standard gRPC health service (NOT_SERVING until the engine runs, and again while draining),
 server reflection (so grpcurl needs no .proto), an API-key check and an admission check that
-answers UNAVAILABLE while the server is starting or draining.
+answers UNAVAILABLE while the server is starting or draining (`interceptors.py`). Which status an
+error becomes is `api_errors.py`; how messages become engine terms and back is `api_messages.py`.
 
 Every engine call happens on the event loop's thread, as the engine requires: gRPC's asyncio
 server runs every handler there. Voice cloning (audio decoding, the speaker and codec encoders)
@@ -15,68 +16,55 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import numpy as np
-from google.protobuf import duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from grpc_status import rpc_status
 
 from clients.qwen3_tts_client.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
-from scheduler.request import FinishReason
-from scheduler.scheduler import QueueFullError, RequestTooLargeError
+from tts_service.api_errors import ApiError, answering_errors, invalid
+from tts_service.api_messages import (
+    ENCODING_NUMBERS,
+    ChunkEncoder,
+    check_clone_request,
+    check_text_length,
+    completion,
+    decode_reference,
+    generation_params,
+    output_format,
+    output_formats,
+    run_encoder,
+    synthesis_input,
+)
 from tts_service.audio import (
-    MODEL_SAMPLE_RATE,
-    OPUS_SAMPLE_RATES,
-    SUPPORTED_SAMPLE_RATES,
-    AudioEncoding,
-    AudioFormatError,
     OutputFormat,
-    StreamEncoder,
     encode_whole,
 )
-from tts_service.audio_input import AudioLimits, ReferenceAudioError, decode_audio_file, decode_pcm16
+from tts_service.audio_input import AudioLimits
 from tts_service.config import ServerConfig
-from tts_service.engine import Engine, EngineStoppedError, SchedulingPolicy
+from tts_service.engine import Engine, SchedulingPolicy
 from tts_service.generate import GenerationParams
+from tts_service.interceptors import AdmissionInterceptor, ApiKeyInterceptor, ServingState
 from tts_service.model.checkpoint import LoadedModel
-from tts_service.prompts import PromptError, SynthesisInput, VoiceClone
+from tts_service.prompts import SynthesisInput, VoiceClone
 from tts_service.runner import RunnerConfig
-from tts_service.sampling import SamplingParams
-from tts_service.streams import RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.streams import RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.synthesize import EagerSynthesizer
 
 logger = logging.getLogger(__name__)
 
 pb: Any = tts_pb2
 REQUEST_ID_HEADER = "x-request-id"
-# How long a client refused for a full queue should wait: about one short utterance's generation.
-QUEUE_FULL_RETRY_DELAY_S = 1.0
 # Prompt positions beyond the generated frames: chat template, codec tags, speaker slot.
 _PROMPT_OVERHEAD_POSITIONS = 64
-_HEALTH_SERVICE_PREFIX = "/grpc.health.v1.Health/"
-_TTS_METHOD_PREFIX = f"/{SERVICE_NAME}/"
-
-# Proto values are AUDIO_ENCODING_<name of the AudioEncoding member>.
-_ENCODINGS = {pb.AudioEncoding.Value(f"AUDIO_ENCODING_{encoding.name}"): encoding for encoding in AudioEncoding}
-_ENCODING_NUMBERS = {encoding: number for number, encoding in _ENCODINGS.items()}
-_FINISH_REASONS = {
-    FinishReason.STOPPED: pb.FINISH_REASON_STOPPED, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
-    FinishReason.ABORTED: pb.FINISH_REASON_ABORTED,
-}
-# The engine names voice fields bare; the API nests them in `voice`.
-_PROMPT_FIELDS = {"speaker": "voice.speaker", "language": "voice.language", "instruction": "voice.instruction"}
 _MODEL_MODES = {
     "custom_voice": pb.MODEL_MODE_CUSTOM_VOICE, "voice_design": pb.MODEL_MODE_VOICE_DESIGN,
     "base": pb.MODEL_MODE_VOICE_CLONE,
@@ -115,191 +103,6 @@ class Runtime:
     @classmethod
     def for_engine(cls, model: LoadedModel, engine: Engine) -> Runtime:
         return cls(model, engine, EagerSynthesizer(model))
-
-
-# -- errors as statuses ---------------------------------------------------------------------------
-
-
-class ApiError(Exception):
-    """A status to end a call with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.retry_after_s = retry_after_s
-
-
-def invalid(field: str, message: str) -> ApiError:
-    return ApiError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {message}")
-
-
-def api_error_for(error: Exception) -> ApiError | None:
-    """The status an engine or input error becomes; None for an unexpected error."""
-    if isinstance(error, ApiError):
-        return error
-    if isinstance(error, PromptError):
-        field = _PROMPT_FIELDS.get(error.field, error.field)
-        return invalid(field, str(error).removeprefix(f"{error.field}: "))
-    if isinstance(error, AudioFormatError):
-        return ApiError(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-    if isinstance(error, ReferenceAudioError):
-        return invalid("voice.reference_audio", str(error))
-    if isinstance(error, QueueFullError):
-        return ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the server is busy ({error}); retry later",
-                        retry_after_s=QUEUE_FULL_RETRY_DELAY_S)
-    if isinstance(error, RequestTooLargeError):
-        return ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        "the request needs more memory than the server has; ask for less audio "
-                        "(generation.max_audio_seconds) or send a shorter text or reference")
-    if isinstance(error, EngineStoppedError):
-        return ApiError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry")
-    if isinstance(error, RequestFailed):
-        return ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
-    return None
-
-
-async def abort_with(context: grpc.aio.ServicerContext, error: ApiError) -> None:
-    """End the call with `error`; a retry delay travels as google.rpc.RetryInfo in the status details."""
-    if error.retry_after_s is None:
-        await context.abort(error.code, error.message)
-        return
-    delay = duration_pb2.Duration()
-    delay.FromNanoseconds(int(error.retry_after_s * 1e9))
-    detail = status_pb2.Status(code=getattr(code_pb2, error.code.name), message=error.message)
-    detail.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
-    status = rpc_status.to_status(detail)
-    await context.abort(status.code, status.details, status.trailing_metadata)
-
-
-@contextlib.asynccontextmanager
-async def answering_errors(context: grpc.aio.ServicerContext, request_id: str) -> AsyncIterator[None]:
-    """Ends the call with the status a known error maps to; anything else is INTERNAL, and logged."""
-    try:
-        yield
-    except grpc.aio.AbortError:
-        raise
-    except Exception as error:  # every failure of one call ends that call only
-        api_error = api_error_for(error)
-        if api_error is None:
-            logger.exception("request %s failed", request_id)
-            api_error = ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
-        elif api_error.code is grpc.StatusCode.INTERNAL:
-            logger.error("request %s failed: %s", request_id, error)
-        await abort_with(context, api_error)
-
-
-# -- requests into engine terms -------------------------------------------------------------------
-
-
-def output_format(message: Any) -> OutputFormat:
-    encoding = AudioEncoding.WAV if message.encoding == pb.AUDIO_ENCODING_UNSPECIFIED else _ENCODINGS.get(
-        message.encoding, message.encoding)
-    return OutputFormat(encoding, message.sample_rate or MODEL_SAMPLE_RATE)
-
-
-def generation_params(message: Any, config: ServerConfig, frame_rate_hz: float) -> GenerationParams:
-    """GenerationConfig -> GenerationParams; unset fields keep the model's defaults."""
-    defaults = GenerationParams()
-    sampling = defaults.talker
-    max_seconds = message.max_audio_seconds if message.HasField("max_audio_seconds") else config.max_audio_seconds
-    if not 0 < max_seconds <= config.max_audio_seconds:
-        raise invalid("generation.max_audio_seconds",
-                      f"must be in (0, {config.max_audio_seconds:g}], got {max_seconds}")
-    try:
-        sampling = SamplingParams(
-            temperature=message.temperature if message.HasField("temperature") else sampling.temperature,
-            top_k=message.top_k if message.HasField("top_k") else sampling.top_k,
-            top_p=message.top_p if message.HasField("top_p") else sampling.top_p)
-        return GenerationParams(
-            talker=sampling, predictor=sampling,
-            repetition_penalty=(message.repetition_penalty if message.HasField("repetition_penalty")
-                                else defaults.repetition_penalty),
-            max_new_frames=max(1, round(max_seconds * frame_rate_hz)),
-            seed=message.seed if message.HasField("seed") else defaults.seed)
-    except ValueError as error:  # their messages start with the parameter's name
-        raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, f"generation.{error}") from None
-
-
-def check_text_length(text: str, field: str, config: ServerConfig) -> None:
-    if len(text) > config.max_text_chars:
-        raise invalid(field, f"is {len(text)} characters long; at most {config.max_text_chars} are accepted")
-
-
-def synthesis_input(text: str, voice: Any, clone: VoiceClone | None, non_streaming_text: bool) -> SynthesisInput:
-    return SynthesisInput(text=text, language=voice.language or "auto", speaker=voice.speaker or None,
-                          instruction=voice.instruction or None, clone=clone, non_streaming_mode=non_streaming_text)
-
-
-def check_clone_request(voice: Any, model: LoadedModel) -> None:
-    """Refuse a clone the model cannot do before spending time on the reference audio."""
-    if model.config.model_type != "base":
-        raise PromptError("voice.reference_audio", f"the loaded {model.config.model_type} model cannot clone "
-                                                   "voices; voice cloning needs a Base checkpoint")
-    if not voice.x_vector_only and not voice.reference_text.strip():
-        raise PromptError("voice.reference_text", "in-context cloning needs the transcript of the reference "
-                                                  "audio (or set x_vector_only)")
-
-
-def decode_reference(voice: Any, limits: AudioLimits) -> np.ndarray:
-    if voice.reference_audio_pcm16_rate:
-        return decode_pcm16(voice.reference_audio, voice.reference_audio_pcm16_rate, limits=limits)
-    return decode_audio_file(voice.reference_audio, limits)
-
-
-# -- responses out of engine terms ----------------------------------------------------------------
-
-
-def output_formats() -> list[Any]:
-    """Every encoding with the rates it can be produced at, and its MIME type without the rate."""
-    formats = []
-    for encoding in AudioEncoding:
-        rates = [rate for rate in SUPPORTED_SAMPLE_RATES
-                 if encoding is not AudioEncoding.OGG_OPUS or rate in OPUS_SAMPLE_RATES]
-        mime_type = OutputFormat(encoding, MODEL_SAMPLE_RATE).mime_type.split(";rate=")[0]
-        formats.append(pb.EncodingSupport(encoding=_ENCODING_NUMBERS[encoding], sample_rates=rates,
-                                          mime_type=mime_type))
-    return formats
-
-
-def completion(summary: SynthesisSummary, samples_per_frame: int, native_rate: int) -> Any:
-    usage = pb.Usage(audio_seconds=summary.num_frames * samples_per_frame / native_rate,
-                     audio_frames=summary.num_frames, input_tokens=summary.num_text_tokens,
-                     queue_seconds=summary.queue_time_s or 0.0,
-                     time_to_first_audio_seconds=summary.time_to_first_audio_s or 0.0)
-    return pb.Completion(finish_reason=_FINISH_REASONS.get(summary.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
-                         usage=usage, request_id=summary.request_id)
-
-
-class ChunkEncoder:
-    """Engine audio -> AudioChunk messages, with each chunk's span in samples at the output rate."""
-
-    def __init__(self, output: OutputFormat) -> None:
-        self._encoder = StreamEncoder(output)
-        self._sample_rate = output.sample_rate
-        self._num_sent_samples = 0
-        # Resampling and Opus cost real CPU time, which must not stall the event loop.
-        self.needs_thread = output.sample_rate != MODEL_SAMPLE_RATE or output.encoding is AudioEncoding.OGG_OPUS
-
-    def encode(self, samples: np.ndarray) -> Any | None:
-        """The chunk to send, or None while the encoder holds everything back."""
-        data = self._encoder.encode(samples)
-        return self._chunk(data) if data else None
-
-    def finish(self) -> Any | None:
-        data = self._encoder.finish()
-        return self._chunk(data) if data or self._encoder.num_output_samples > self._num_sent_samples else None
-
-    def _chunk(self, data: bytes) -> Any:
-        start, end = self._num_sent_samples, self._encoder.num_output_samples
-        self._num_sent_samples = end
-        rate = self._sample_rate
-        return pb.AudioChunk(audio=data, offset_samples=start, num_samples=end - start,
-                             offset_seconds=start / rate, duration_seconds=(end - start) / rate)
-
-
-async def run_encoder(encoder: ChunkEncoder, step: Callable[[], Any]) -> Any:
-    return await asyncio.to_thread(step) if encoder.needs_thread else step()
 
 
 # -- the servicer ---------------------------------------------------------------------------------
@@ -397,7 +200,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             self._log_done(summary)
             return pb.SynthesizeResponse(
                 audio=audio, mime_type=prepared.output.mime_type, completion=self._completion(summary),
-                audio_format=pb.AudioFormat(encoding=_ENCODING_NUMBERS[prepared.output.encoding],
+                audio_format=pb.AudioFormat(encoding=ENCODING_NUMBERS[prepared.output.encoding],
                                             sample_rate=prepared.output.sample_rate))
 
     # SynthesizeOnline
@@ -578,83 +381,6 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                     summary.request_id, summary.finish_reason.value, summary.num_frames, summary.num_text_tokens,
                     summary.queue_time_s or 0.0, "-" if summary.time_to_first_audio_s is None
                     else f"{summary.time_to_first_audio_s:.3f} s")
-
-
-# -- interceptors ---------------------------------------------------------------------------------
-
-
-def refusing_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as `handler` that ends every call at once with `code`."""
-
-    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, message)
-
-    if handler.unary_unary:
-        build = grpc.unary_unary_rpc_method_handler
-    elif handler.unary_stream:
-        build = grpc.unary_stream_rpc_method_handler
-    elif handler.stream_unary:
-        build = grpc.stream_unary_rpc_method_handler
-    else:
-        build = grpc.stream_stream_rpc_method_handler
-    return build(refuse, request_deserializer=handler.request_deserializer,
-                 response_serializer=handler.response_serializer)
-
-
-Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
-
-
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Every call but health checks needs a configured key, as `authorization: Bearer KEY` or `x-api-key: KEY`."""
-
-    def __init__(self, keys: Iterable[str]) -> None:
-        self._keys = [key.encode() for key in keys]
-
-    async def intercept_service(self, continuation: Continuation,
-                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(details)
-        if handler is None or details.method.startswith(_HEALTH_SERVICE_PREFIX):
-            return handler
-        if self._is_authorized(details.invocation_metadata or ()):
-            return handler
-        return refusing_handler(handler, grpc.StatusCode.UNAUTHENTICATED,
-                                "a valid API key is required: send 'authorization: Bearer KEY' or 'x-api-key: KEY'")
-
-    def _is_authorized(self, metadata: Iterable[tuple[str, str | bytes]]) -> bool:
-        for name, value in metadata:
-            text = value.decode(errors="replace") if isinstance(value, bytes) else value
-            if name == "authorization" and text[:7].lower() == "bearer ":
-                text = text[7:].strip()
-            elif name != "x-api-key":
-                continue
-            # Compare with every key, in constant time, so timing reveals nothing about them.
-            if any([hmac.compare_digest(text.encode(), key) for key in self._keys]):
-                return True
-        return False
-
-
-class ServingState:
-    def __init__(self) -> None:
-        self.is_ready = False
-        self.is_draining = False
-
-
-class AdmissionInterceptor(grpc.aio.ServerInterceptor):
-    """Speech calls get UNAVAILABLE while the model loads and while the server drains."""
-
-    def __init__(self, state: ServingState) -> None:
-        self._state = state
-
-    async def intercept_service(self, continuation: Continuation,
-                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(_TTS_METHOD_PREFIX):
-            return handler
-        if self._state.is_draining:
-            return refusing_handler(handler, grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry")
-        if not self._state.is_ready:
-            return refusing_handler(handler, grpc.StatusCode.UNAVAILABLE, "the server is still loading; retry")
-        return handler
 
 
 # -- the server -----------------------------------------------------------------------------------
