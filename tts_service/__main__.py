@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 from tts_service.config import ConfigError, ServerConfig, load_config
 
 if TYPE_CHECKING:
+    from observability.metrics import ServiceMetrics
     from tts_service.server import Runtime
 
 T = TypeVar("T")
@@ -72,6 +73,26 @@ def in_daemon_thread(function: Callable[[], T]) -> asyncio.Future[T]:
     return future
 
 
+def start_metrics(config: ServerConfig, runtime: Runtime) -> ServiceMetrics | None:
+    """The metrics, served over HTTP on the metrics port; None when no port is configured."""
+    if config.metrics_port is None:
+        return None
+    from importlib.metadata import version
+
+    from prometheus_client import start_http_server
+
+    from observability.metrics import ServiceMetrics, mode_label
+
+    model = runtime.model
+    metrics = ServiceMetrics(model.source, mode_label(model.config.model_type))
+    metrics.build_info.info({"version": version("qwen3-tts-service"), "model": model.source,
+                             "dtype": str(model.talker.codec_head.weight.dtype).removeprefix("torch."),
+                             "device": str(model.device)})
+    start_http_server(config.metrics_port, addr=config.host, registry=metrics.registry)
+    logger.info("metrics on http://%s:%d/metrics", config.host, config.metrics_port)
+    return metrics
+
+
 async def serve(config: ServerConfig) -> int:
     from tts_service.model.checkpoint import CheckpointError
     from tts_service.server import TtsServer
@@ -93,7 +114,7 @@ async def serve(config: ServerConfig) -> int:
         runtime = loading.result()
         runtime.engine.start()
         await warm_up(runtime.model, runtime.engine)
-        await server.serve(runtime)
+        await server.serve(runtime, start_metrics(config, runtime))
         await stop.wait()
         logger.info("shutdown requested")
         return 0

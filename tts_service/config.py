@@ -30,7 +30,7 @@ class ServerConfig:
     device: str = "auto"  # "auto": CUDA when available, else the CPU
     host: str = "[::]"
     port: int = 50051  # 0: any free port
-    metrics_port: int | None = None  # carried for the metrics endpoint; nothing listens on it yet
+    metrics_port: int | None = None  # Prometheus metrics over HTTP on this port; None: no metrics endpoint
     max_text_chars: int = 4096
     max_concurrent: int = 128  # requests generating at once (the engine's slots and batch)
     max_waiting: int = 256  # queued requests before RESOURCE_EXHAUSTED
@@ -113,7 +113,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("device", str, "cuda, cuda:N, cpu, or auto (CUDA when available)")
     add("host", str, "address to listen on (default [::], every interface)")
     add("port", int, "port to listen on; 0 picks a free one (default 50051)")
-    add("metrics-port", int, "port for the metrics endpoint (reserved; not served yet)")
+    add("metrics-port", int, "port for Prometheus metrics over HTTP (/metrics); unset: none")
     add("max-text-chars", int, "most characters of text per request")
     add("max-concurrent", int, "requests generating at once")
     add("max-waiting", int, "queued requests beyond which new ones get RESOURCE_EXHAUSTED")

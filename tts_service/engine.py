@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from observability.metrics import StepObservation
 from scheduler.outputs import CodecChunk, FreedItem, RequestEvent, SchedulerOutput, StepResult
 from scheduler.request import FinishReason, Request
 from scheduler.scheduler import Scheduler, SchedulerConfig
@@ -121,6 +122,8 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False
         self.stats = EngineStats()
+        # Called once per step on the loop with host-side numbers only (metrics); never syncs the device.
+        self.step_observers: list[Callable[[StepObservation], None]] = []
 
     @classmethod
     def create(cls, model: LoadedModel, runner_config: RunnerConfig, policy: SchedulingPolicy,
@@ -294,6 +297,12 @@ class Engine:
         stats.execute_s += execute_s
         stats.loop_s += loop_s
         stats.last_step_s = loop_s
+        if self.step_observers:
+            observation = StepObservation(num_decodes=len(output.decodes), num_prefills=len(output.prefills),
+                                          num_codec_frames=sum(chunk.num_frames for chunk in output.codec_chunks),
+                                          step_s=loop_s)
+            for observer in self.step_observers:
+                observer(observation)
 
     async def _sleep_until_work(self) -> None:
         deadline = self.scheduler.next_deadline()

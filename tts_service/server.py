@@ -30,6 +30,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from clients.qwen3_tts_client.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
+from observability.calls import CallRecord
+from observability.metrics import LiveState, ServiceMetrics
 from tts_service.api_errors import ApiError, answering_errors, invalid
 from tts_service.api_messages import (
     ENCODING_NUMBERS,
@@ -146,12 +148,37 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         self.config = config
         self.calls = calls
         self.runtime: Runtime | None = None
+        self.metrics: ServiceMetrics | None = None
         self._reference_limits = AudioLimits(max_seconds=config.max_reference_audio_seconds)
         # One cloning at a time: the encoders are heavy and share the device with the engine.
         self._clone_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-clone")
 
     def close(self) -> None:
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
+
+    @contextlib.asynccontextmanager
+    async def _observed(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[CallRecord]:
+        """Records the call for the metrics with the status it ends with."""
+        record = CallRecord(rpc)
+        status = "OK"
+        try:
+            yield record
+        except grpc.aio.AbortError:
+            code = context.code()
+            status = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "CANCELLED"
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe_request(record.observation(status))
+
+    def _finish_record(self, record: CallRecord, summary: SynthesisSummary) -> None:
+        speech = self._runtime().model.speech_config
+        record.finish(summary.finish_reason.value, summary.queue_time_s, summary.time_to_first_audio_s,
+                      summary.num_frames, summary.num_text_tokens,
+                      summary.num_frames * speech.samples_per_frame / speech.output_sample_rate)
 
     def _runtime(self) -> Runtime:
         if self.runtime is None:
@@ -186,7 +213,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def Synthesize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         request_id = uuid.uuid4().hex
-        async with self.calls.track(), answering_errors(context, request_id):
+        async with self.calls.track(), self._observed("Synthesize", context) as record, \
+                answering_errors(context, request_id):
             await context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
             runtime = self._runtime()
             prepared = await self._prepare(request_id, request.text, request.voice, request.generation,
@@ -197,6 +225,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             finally:
                 runtime.engine.abort(request_id)
             audio = await asyncio.to_thread(encode_whole, waveform, prepared.output)
+            self._finish_record(record, summary)
             self._log_done(summary)
             return pb.SynthesizeResponse(
                 audio=audio, mime_type=prepared.output.mime_type, completion=self._completion(summary),
@@ -207,32 +236,37 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def SynthesizeOnline(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         request_id = uuid.uuid4().hex
-        async with self.calls.track(), answering_errors(context, request_id):
+        async with self.calls.track(), self._observed("SynthesizeOnline", context) as record, \
+                answering_errors(context, request_id):
             await context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
             runtime = self._runtime()
             prepared = await self._prepare(request_id, request.text, request.voice, request.generation,
                                            request.audio_format)
             stream = self._submit(runtime, prepared, context, is_text_open=False)
             try:
-                async for message in self._audio_messages(stream, prepared.output, pb.SynthesizeOnlineResponse):
+                async for message in self._audio_messages(stream, prepared.output, pb.SynthesizeOnlineResponse,
+                                                          record):
                     yield message
             finally:
                 runtime.engine.abort(request_id)
 
-    async def _audio_messages(self, stream: RequestStream, output: OutputFormat,
-                              message_type: Any) -> AsyncIterator[Any]:
+    async def _audio_messages(self, stream: RequestStream, output: OutputFormat, message_type: Any,
+                              record: CallRecord) -> AsyncIterator[Any]:
         """The stream's audio as response messages; the last one carries the completion."""
         encoder = ChunkEncoder(output)
         async for piece in stream:
             chunk = await run_encoder(encoder, lambda piece=piece: encoder.encode(piece.samples))
             if chunk is not None:
+                record.add_chunk(chunk.offset_seconds)
                 yield message_type(chunk=chunk)
         summary = stream.summary
         assert summary is not None
         last = message_type(completion=self._completion(summary))
         chunk = await run_encoder(encoder, encoder.finish)
         if chunk is not None:
+            record.add_chunk(chunk.offset_seconds)
             last.chunk.CopyFrom(chunk)
+        self._finish_record(record, summary)
         self._log_done(summary)
         yield last
 
@@ -241,7 +275,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     async def StreamingSynthesize(self, request_iterator: AsyncIterator[Any],
                                   context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         request_id = uuid.uuid4().hex
-        async with self.calls.track(), answering_errors(context, request_id):
+        async with self.calls.track(), self._observed("StreamingSynthesize", context) as record, \
+                answering_errors(context, request_id):
             await context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
             runtime = self._runtime()
             started = time.monotonic()
@@ -253,7 +288,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             reader = asyncio.create_task(self._read_text(request_iterator, runtime.engine, request_id, outbox,
                                                          started))
             try:
-                async for message in self._merged(stream, prepared.output, outbox):
+                async for message in self._merged(stream, prepared.output, outbox, record):
                     yield message
             finally:
                 reader.cancel()
@@ -304,10 +339,10 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             outbox.put_nowait(error)
             engine.abort(request_id)
 
-    async def _merged(self, stream: RequestStream, output: OutputFormat,
-                      outbox: asyncio.Queue[Any]) -> AsyncIterator[Any]:
+    async def _merged(self, stream: RequestStream, output: OutputFormat, outbox: asyncio.Queue[Any],
+                      record: CallRecord) -> AsyncIterator[Any]:
         """Audio messages and flush acks in the order they arose; an error from the reader ends the call."""
-        pump = asyncio.create_task(self._pump(stream, output, outbox))
+        pump = asyncio.create_task(self._pump(stream, output, outbox, record))
         try:
             while True:
                 item = await outbox.get()
@@ -319,9 +354,10 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         finally:
             pump.cancel()
 
-    async def _pump(self, stream: RequestStream, output: OutputFormat, outbox: asyncio.Queue[Any]) -> None:
+    async def _pump(self, stream: RequestStream, output: OutputFormat, outbox: asyncio.Queue[Any],
+                    record: CallRecord) -> None:
         try:
-            async for message in self._audio_messages(stream, output, pb.StreamingSynthesizeResponse):
+            async for message in self._audio_messages(stream, output, pb.StreamingSynthesizeResponse, record):
                 if message.HasField("completion") and message.completion.finish_reason == pb.FINISH_REASON_ABORTED:
                     # Not the client (it would be gone) nor a protocol error (reported first): the time limit.
                     raise self._stream_too_long_error()
@@ -386,6 +422,16 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 # -- the server -----------------------------------------------------------------------------------
 
 
+def watch_engine(metrics: ServiceMetrics, engine: Engine) -> None:
+    """Engine steps into the metrics, and gauges that read the scheduler when scraped."""
+    engine.step_observers.append(metrics.observe_step)
+    scheduler = engine.scheduler
+    metrics.watch(LiveState(num_running=lambda: scheduler.num_running, num_waiting=lambda: scheduler.num_waiting,
+                            num_parked=lambda: scheduler.num_parked,
+                            num_kv_blocks_used=lambda: scheduler.num_kv_blocks_used,
+                            num_kv_blocks_total=lambda: scheduler.num_kv_blocks_total))
+
+
 def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     if config.tls_cert is None or config.tls_key is None:
         return None
@@ -430,8 +476,11 @@ class TtsServer:
         logger.info("listening on %s:%d (%s)", self.config.host, self.port, "TLS" if self.config.uses_tls else
                     "plaintext")
 
-    async def serve(self, runtime: Runtime) -> None:
-        """Start answering speech calls with `runtime`, whose engine must be running."""
+    async def serve(self, runtime: Runtime, metrics: ServiceMetrics | None = None) -> None:
+        """Start answering speech calls with `runtime`, whose engine must be running; record into `metrics`."""
+        if metrics is not None:
+            watch_engine(metrics, runtime.engine)
+            self.service.metrics = metrics
         self.service.runtime = runtime
         self.state.is_ready = True
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from clients.qwen3_tts_client import Connection, Generation, TtsClient, Voice
+from observability.metrics import ServiceMetrics
 from tts_service.config import ServerConfig
 from tts_service.engine import Engine
 from tts_service.model.checkpoint import LoadedModel
@@ -53,14 +54,14 @@ class RunningServer:
     def client(self, **connection: Any) -> TtsClient:
         return TtsClient(Connection(target=connection.pop("target", self.target), **connection))
 
-    def attach_engine(self) -> None:
+    def attach_engine(self, metrics: ServiceMetrics | None = None) -> None:
         """Load the engine and start serving speech, as the server's main does once the model is up."""
         assert self.model is not None
 
         async def attach() -> None:
             engine = create_engine(self.model, self.server.config)
             engine.start()
-            await self.server.serve(Runtime.for_engine(self.model, engine))
+            await self.server.serve(Runtime.for_engine(self.model, engine), metrics)
 
         self.run(attach())
 

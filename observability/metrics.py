@@ -1,0 +1,151 @@
+"""Every Prometheus metric the service exports, defined once.
+
+Names follow Prometheus conventions: a `qwen3_tts_` prefix, base units in the name (seconds),
+`_total` on counters, no per-request labels. `model` and `mode` label every request metric so a
+dashboard can compare deployments. What the engine alone knows (step time, batch size) arrives
+through `observe_step`, called once per step with numbers the engine already has on the host: no
+device synchronisation is added for metrics. Live gauges (running, waiting, parked requests, KV
+blocks) are read from the scheduler only when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+# Fine below 100 ms, where the service's targets are; coarse above, where only overload lives.
+TIME_TO_FIRST_AUDIO_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2,
+                               0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+# Around 1.0, the line between keeping up with playback and falling behind.
+REALTIME_FACTOR_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0,
+                           5.0)
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+STEP_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2,
+                0.5)
+GAP_BUCKETS = (0.01, 0.025, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+UNDERRUN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+_MODES = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}
+
+
+def mode_label(model_type: str) -> str:
+    """The `mode` label of a checkpoint type: custom_voice, voice_design or voice_clone."""
+    return _MODES.get(model_type, model_type)
+
+
+@dataclass(frozen=True)
+class StepObservation:
+    """One engine step, as the engine's loop measured it on the host."""
+
+    num_decodes: int
+    num_prefills: int
+    num_codec_frames: int
+    step_s: float
+
+
+@dataclass(frozen=True)
+class RequestObservation:
+    """One finished call; the timings are None where the call never got that far."""
+
+    rpc: str
+    status: str  # the gRPC status code's name
+    finish_reason: str  # stopped, length, aborted, error, or "" when the engine never saw it
+    queue_s: float | None
+    time_to_first_audio_s: float | None
+    end_to_end_s: float | None
+    audio_s: float
+    num_frames: int
+    num_input_tokens: int
+    chunk_gaps_s: tuple[float, ...]
+    underrun_s: float | None  # total lateness against playback from the first chunk
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """Readers of the engine's current state, called at scrape time."""
+
+    num_running: Callable[[], int]
+    num_waiting: Callable[[], int]
+    num_parked: Callable[[], int]
+    num_kv_blocks_used: Callable[[], int]
+    num_kv_blocks_total: Callable[[], int]
+
+
+class ServiceMetrics:
+    def __init__(self, model: str, mode: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._labels = {"model": model, "mode": mode}
+        names = ("model", "mode")
+
+        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, documentation, names, buckets=buckets, registry=self.registry)
+
+        self.time_to_first_audio = histogram("qwen3_tts_time_to_first_audio_seconds",
+                                             "From a request's arrival to its first audio chunk.",
+                                             TIME_TO_FIRST_AUDIO_BUCKETS)
+        self.request_duration = histogram("qwen3_tts_request_duration_seconds",
+                                          "A synthesis call from start to end.", DURATION_BUCKETS)
+        self.queue_time = histogram("qwen3_tts_queue_seconds", "From a request's arrival to its admission.",
+                                    DURATION_BUCKETS)
+        self.realtime_factor = histogram("qwen3_tts_realtime_factor",
+                                         "A completed call's duration over the audio it produced.",
+                                         REALTIME_FACTOR_BUCKETS)
+        self.chunk_gap = histogram("qwen3_tts_audio_chunk_gap_seconds",
+                                   "Time between consecutive audio chunks sent on one call.", GAP_BUCKETS)
+        self.underrun = histogram("qwen3_tts_underrun_seconds",
+                                  "Per call, how late its chunks were against playback from the first chunk.",
+                                  UNDERRUN_BUCKETS)
+        self.step_time = Histogram("qwen3_tts_engine_step_seconds", "One engine step: schedule, execute, update.",
+                                   names, buckets=STEP_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("qwen3_tts_engine_batch_size", "Requests decoding a frame in one step.",
+                                    names, buckets=BATCH_BUCKETS, registry=self.registry)
+        self.requests = Counter("qwen3_tts_requests", "Finished calls by RPC, gRPC status and finish reason.",
+                                (*names, "rpc", "status", "finish_reason"), registry=self.registry)
+        self.audio_seconds = Counter("qwen3_tts_audio_seconds", "Audio generated.", names, registry=self.registry)
+        self.frames = Counter("qwen3_tts_frames", "Codec frames generated.", names, registry=self.registry)
+        self.input_tokens = Counter("qwen3_tts_input_tokens", "Text tokens of requests' own text.", names,
+                                    registry=self.registry)
+        self.prefills = Counter("qwen3_tts_engine_prefills", "Requests prefilled (admitted or resumed).", names,
+                                registry=self.registry)
+        self.build_info = Info("qwen3_tts_build", "Version, model, dtype and device of this server.",
+                               registry=self.registry)
+
+    def observe_step(self, step: StepObservation) -> None:
+        labels = self._labels
+        self.step_time.labels(**labels).observe(step.step_s)
+        if step.num_decodes:
+            self.batch_size.labels(**labels).observe(step.num_decodes)
+        if step.num_prefills:
+            self.prefills.labels(**labels).inc(step.num_prefills)
+
+    def observe_request(self, request: RequestObservation) -> None:
+        labels = self._labels
+        self.requests.labels(**labels, rpc=request.rpc, status=request.status,
+                             finish_reason=request.finish_reason).inc()
+        for histogram, value in ((self.queue_time, request.queue_s),
+                                 (self.time_to_first_audio, request.time_to_first_audio_s),
+                                 (self.request_duration, request.end_to_end_s),
+                                 (self.underrun, request.underrun_s)):
+            if value is not None:
+                histogram.labels(**labels).observe(value)
+        if request.status == "OK" and request.end_to_end_s is not None and request.audio_s > 0:
+            self.realtime_factor.labels(**labels).observe(request.end_to_end_s / request.audio_s)
+        for gap in request.chunk_gaps_s:
+            self.chunk_gap.labels(**labels).observe(gap)
+        self.audio_seconds.labels(**labels).inc(request.audio_s)
+        self.frames.labels(**labels).inc(request.num_frames)
+        self.input_tokens.labels(**labels).inc(request.num_input_tokens)
+
+    def watch(self, live: LiveState) -> None:
+        """Gauges that read the engine's state when scraped (so they cost nothing between scrapes)."""
+        labels = self._labels
+        names = tuple(labels)
+        for name, documentation, read in (
+                ("qwen3_tts_requests_running", "Requests holding a decode slot.", live.num_running),
+                ("qwen3_tts_requests_waiting", "Requests queued for admission.", live.num_waiting),
+                ("qwen3_tts_requests_parked", "Running requests waiting for more text.", live.num_parked),
+                ("qwen3_tts_kv_blocks_used", "Talker KV-cache blocks held by requests.", live.num_kv_blocks_used),
+                ("qwen3_tts_kv_blocks", "Talker KV-cache blocks in all.", live.num_kv_blocks_total)):
+            Gauge(name, documentation, names, registry=self.registry).labels(**labels).set_function(read)

@@ -1,0 +1,94 @@
+"""Prometheus metrics of a real server on the tiny model: what a scrape shows after known traffic."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from prometheus_client import start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from observability.metrics import ServiceMetrics
+from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server, wait_until
+from tts_service.model.checkpoint import LoadedModel
+
+
+@pytest.fixture(scope="module")
+def metered(tiny_models: dict[str, LoadedModel]) -> Iterator[tuple[RunningServer, ServiceMetrics]]:
+    metrics = ServiceMetrics("tiny", "custom_voice")
+    running = start_server(tiny_models["custom_voice"], with_engine=False)
+    running.attach_engine(metrics)
+    yield running, metrics
+    running.stop()
+
+
+def samples(metrics: ServiceMetrics, text: str | None = None) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a scrape as {(name, labels): value}."""
+    if text is None:
+        from prometheus_client import generate_latest
+
+        text = generate_latest(metrics.registry).decode()
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def value(scrape: dict, name: str, **labels: str) -> float:
+    wanted = {"model": "tiny", "mode": "custom_voice", **labels}
+    matches = [v for (n, found), v in scrape.items() if n == name and wanted.items() <= dict(found).items()]
+    assert len(matches) == 1, f"{name} {labels}: {len(matches)} series"
+    return matches[0]
+
+
+def test_a_scrape_counts_every_call_by_rpc_status_and_finish_reason(metered: tuple[RunningServer,
+                                                                                  ServiceMetrics]) -> None:
+    running, metrics = metered
+    with running.client() as client:
+        client.synthesize("Hello there.", RYAN, generation=GREEDY)
+        list(client.synthesize_online("Hello again.", RYAN, generation=GREEDY))
+        list(client.streaming_synthesize(["Hel", "lo, ", "world."], RYAN, generation=GREEDY))
+        with pytest.raises(grpc.RpcError):
+            client.synthesize("Hello.", RYAN.__class__(speaker="nobody"))
+    # A call is recorded as its handler ends, which can be just after the client has its answer.
+    assert wait_until(lambda: sum(v for (name, _), v in samples(metrics).items()
+                                  if name == "qwen3_tts_requests_total") == 4)
+    scrape = samples(metrics)
+    for rpc in ("Synthesize", "SynthesizeOnline", "StreamingSynthesize"):
+        assert value(scrape, "qwen3_tts_requests_total", rpc=rpc, status="OK", finish_reason="length") == 1
+    assert value(scrape, "qwen3_tts_requests_total", rpc="Synthesize", status="INVALID_ARGUMENT",
+                 finish_reason="") == 1
+    assert value(scrape, "qwen3_tts_time_to_first_audio_seconds_count") == 3
+    assert value(scrape, "qwen3_tts_time_to_first_audio_seconds_sum") > 0
+    assert value(scrape, "qwen3_tts_realtime_factor_count") == 3
+    assert value(scrape, "qwen3_tts_audio_seconds_total") > 0
+    assert value(scrape, "qwen3_tts_frames_total") == value(scrape, "qwen3_tts_audio_seconds_total") * 12.5
+    # The two streamed calls sent chunks, so their underruns and chunk gaps were measured.
+    assert value(scrape, "qwen3_tts_underrun_seconds_count") == 2
+    assert value(scrape, "qwen3_tts_engine_step_seconds_count") > 0
+    assert value(scrape, "qwen3_tts_engine_batch_size_count") > 0
+
+
+def test_live_gauges_read_the_scheduler_and_return_to_zero(metered: tuple[RunningServer, ServiceMetrics]) -> None:
+    running, metrics = metered
+    with running.client() as client:
+        client.synthesize("Hello there.", RYAN, generation=GREEDY)
+    assert wait_until(lambda: running.engine.num_live_requests == 0)
+    scrape = samples(metrics)
+    assert value(scrape, "qwen3_tts_requests_running") == 0
+    assert value(scrape, "qwen3_tts_requests_waiting") == 0
+    assert value(scrape, "qwen3_tts_requests_parked") == 0
+    assert value(scrape, "qwen3_tts_kv_blocks_used") == 0
+    assert value(scrape, "qwen3_tts_kv_blocks") == running.engine.scheduler.num_kv_blocks_total > 0
+
+
+def test_metrics_are_served_over_http(metered: tuple[RunningServer, ServiceMetrics]) -> None:
+    _, metrics = metered
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+    assert value(samples(metrics, text), "qwen3_tts_kv_blocks") > 0
