@@ -157,6 +157,14 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
 
     @contextlib.asynccontextmanager
+    async def _call(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[tuple[str, CallRecord]]:
+        """A speech call's frame: request id (also sent as a header), drain tracking, metrics, errors as statuses."""
+        request_id = uuid.uuid4().hex
+        async with self.calls.track(), self._observed(rpc, context) as record, answering_errors(context, request_id):
+            await context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
+            yield request_id, record
+
+    @contextlib.asynccontextmanager
     async def _observed(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[CallRecord]:
         """Records the call for the metrics with the status it ends with."""
         record = CallRecord(rpc)
@@ -212,10 +220,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     # Synthesize
 
     async def Synthesize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        request_id = uuid.uuid4().hex
-        async with self.calls.track(), self._observed("Synthesize", context) as record, \
-                answering_errors(context, request_id):
-            await context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
+        async with self._call("Synthesize", context) as (request_id, record):
             runtime = self._runtime()
             prepared = await self._prepare(request_id, request.text, request.voice, request.generation,
                                            request.audio_format)
@@ -235,10 +240,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     # SynthesizeOnline
 
     async def SynthesizeOnline(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        request_id = uuid.uuid4().hex
-        async with self.calls.track(), self._observed("SynthesizeOnline", context) as record, \
-                answering_errors(context, request_id):
-            await context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
+        async with self._call("SynthesizeOnline", context) as (request_id, record):
             runtime = self._runtime()
             prepared = await self._prepare(request_id, request.text, request.voice, request.generation,
                                            request.audio_format)
@@ -274,10 +276,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def StreamingSynthesize(self, request_iterator: AsyncIterator[Any],
                                   context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        request_id = uuid.uuid4().hex
-        async with self.calls.track(), self._observed("StreamingSynthesize", context) as record, \
-                answering_errors(context, request_id):
-            await context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
+        async with self._call("StreamingSynthesize", context) as (request_id, record):
             runtime = self._runtime()
             started = time.monotonic()
             config = await self._first_config(request_iterator)
