@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+from dataclasses import replace
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.service.helpers import TEST_CONFIG
+from tts_service.__main__ import serve
 from tts_service.engine import Engine
 from tts_service.model.checkpoint import LoadedModel
-from tts_service.server import create_engine
+from tts_service.server import Runtime, TtsServer, create_engine
 from tts_service.warm_up import warm_up, warm_up_input
 
 
@@ -32,3 +40,25 @@ def test_every_model_type_but_voice_clone_has_a_warm_up_request(tiny_models: dic
     assert custom_voice is not None and custom_voice.speaker is not None
     assert voice_design is not None and voice_design.instruction
     assert warm_up_input(tiny_models["base"]) is None
+
+
+def test_health_turns_serving_only_after_the_warm_up_synthesis_has_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real start-up path (`qwen3-tts-server`'s serve): health, asked over gRPC, at the moment serving begins."""
+    seen: dict[str, Any] = {}
+    original_serve = TtsServer.serve
+
+    async def observed_serve(server: TtsServer, runtime: Runtime, *args: Any, **kwargs: Any) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            seen["before"] = (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status
+            seen["stats"], seen["num_live"] = replace(runtime.engine.stats), runtime.engine.num_live_requests
+            await original_serve(server, runtime, *args, **kwargs)
+            seen["after"] = (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status
+        signal.raise_signal(signal.SIGTERM)  # serve()'s own shutdown path
+
+    monkeypatch.setattr(TtsServer, "serve", observed_serve)
+    assert asyncio.run(serve(replace(TEST_CONFIG, model="random:tiny-custom_voice", device="cpu"))) == 0
+    assert seen["before"] == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert seen["after"] == health_pb2.HealthCheckResponse.SERVING
+    # By then one request had been admitted, its audio decoded, and it had ended.
+    assert seen["stats"].num_prefills >= 1 and seen["stats"].num_codec_frames > 0 and seen["num_live"] == 0
