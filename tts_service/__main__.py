@@ -96,6 +96,7 @@ def start_metrics(config: ServerConfig, runtime: Runtime) -> ServiceMetrics | No
 async def serve(config: ServerConfig) -> int:
     from tts_service.model.checkpoint import CheckpointError
     from tts_service.server import TtsServer
+    from tts_service.streams import RequestFailed
     from tts_service.warm_up import warm_up
 
     server = TtsServer(config)
@@ -113,7 +114,11 @@ async def serve(config: ServerConfig) -> int:
             return 0
         runtime = loading.result()
         runtime.engine.start()
-        await warm_up(runtime.model, runtime.engine)
+        try:
+            await warm_up(runtime.model, runtime.engine)
+        except RequestFailed as error:  # the engine cannot synthesize: serving would fail every call
+            logger.error("the warm-up synthesis failed: %s", error)
+            return 1
         await server.serve(runtime, start_metrics(config, runtime))
         await stop.wait()
         logger.info("shutdown requested")
