@@ -303,7 +303,10 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
 
     def bucket_for(self, batch: int) -> int:
-        return self.buckets[bisect.bisect_left(self.buckets, batch)]
+        bucket = _smallest_at_least(self.buckets, batch)
+        if bucket is None:
+            raise ValueError(f"batch {batch} exceeds the largest bucket {self.buckets[-1]}")
+        return bucket
 
     def _decode(self, decodes: tuple[DecodeInput, ...]) -> torch.Tensor:
         batch = len(decodes)
@@ -332,11 +335,12 @@ class ModelRunner:
         return torch.cat([embeds, self.talker.embed_frame(frames) + text])
 
     def _prefill_bucket(self, batch: int, longest: int) -> tuple[int, int] | None:
-        if not self.uses_graphs or batch > max(self.prefill_batch_buckets, default=0) or \
-                longest > max(self.prefill_length_buckets, default=0):
+        """The captured (batch, length) bucket that holds this prefill; None when it must run eagerly."""
+        batch_bucket = _smallest_at_least(self.prefill_batch_buckets, batch)
+        length_bucket = _smallest_at_least(self.prefill_length_buckets, longest)
+        if not self.uses_graphs or batch_bucket is None or length_bucket is None:
             return None
-        return (self.prefill_batch_buckets[bisect.bisect_left(self.prefill_batch_buckets, batch)],
-                self.prefill_length_buckets[bisect.bisect_left(self.prefill_length_buckets, longest)])
+        return batch_bucket, length_bucket
 
     def _prefill_hidden_eager(self, embeds: list[torch.Tensor], lengths: torch.Tensor,
                               block_tables: torch.Tensor) -> torch.Tensor:
@@ -445,6 +449,12 @@ class ModelRunner:
         buffers.codes[:batch, :, :num_frames].copy_(chunk)
         graph.replay()
         return buffers.audio[:batch, :num_frames * self.model.speech_config.samples_per_frame].cpu().numpy()
+
+
+def _smallest_at_least(sizes: tuple[int, ...], value: int) -> int | None:
+    """The first of the increasing `sizes` that is >= value; None when value exceeds them all."""
+    index = bisect.bisect_left(sizes, value)
+    return sizes[index] if index < len(sizes) else None
 
 
 def _block_tables(rows: list[tuple[int, ...]]) -> torch.Tensor:
