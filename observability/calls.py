@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from observability.metrics import RequestObservation
+from observability.playback import ChunkArrival, underruns
 
 
 @dataclass
@@ -19,10 +20,10 @@ class CallRecord:
     num_frames: int = 0
     num_input_tokens: int = 0
     audio_s: float = 0.0
-    chunk_sent: list[tuple[float, float]] = field(default_factory=list)  # (when sent, audio offset in seconds)
+    chunks_sent: list[ChunkArrival] = field(default_factory=list)
 
     def add_chunk(self, offset_s: float) -> None:
-        self.chunk_sent.append((time.monotonic(), offset_s))
+        self.chunks_sent.append(ChunkArrival(time.monotonic(), offset_s))
 
     def finish(self, finish_reason: str, queue_s: float | None, time_to_first_audio_s: float | None,
                num_frames: int, num_input_tokens: int, audio_s: float) -> None:
@@ -30,19 +31,11 @@ class CallRecord:
         self.num_frames, self.num_input_tokens, self.audio_s = num_frames, num_input_tokens, audio_s
 
     def observation(self, status: str) -> RequestObservation:
-        sent = [when for when, _ in self.chunk_sent]
+        sent = [chunk.arrival_s for chunk in self.chunks_sent]
         return RequestObservation(
             rpc=self.rpc, status=status, finish_reason=self.finish_reason, queue_s=self.queue_s,
             time_to_first_audio_s=self.time_to_first_audio_s, end_to_end_s=time.monotonic() - self.started,
             audio_s=self.audio_s, num_frames=self.num_frames, num_input_tokens=self.num_input_tokens,
             chunk_gaps_s=tuple(later - earlier for earlier, later in pairwise(sent)),
-            underrun_s=self._underrun_s())
-
-    def _underrun_s(self) -> float | None:
-        """Playback starts when the first chunk leaves; each later chunk is late by how long after its due time it
-        left. None for calls that sent no streamed chunks."""
-        if not self.chunk_sent:
-            return None
-        first_sent, first_offset = self.chunk_sent[0]
-        start = first_sent - first_offset
-        return sum(max(0.0, when - (start + offset)) for when, offset in self.chunk_sent[1:])
+            # Playback from the first chunk; None for calls that streamed no chunks.
+            underrun_s=underruns(self.chunks_sent).total_s if self.chunks_sent else None)

@@ -10,9 +10,9 @@ from typing import Any
 
 import grpc
 
-from clients.loadgen.playback import ChunkArrival, Underruns, underruns
 from clients.loadgen.schedule import PlannedRequest, text_fragments
 from clients.qwen3_tts_client import AsyncTtsClient, AudioFormat, Generation, Voice
+from observability.playback import ChunkArrival, Underruns, underruns
 
 
 @dataclass(frozen=True)

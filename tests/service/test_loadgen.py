@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from clients.loadgen.__main__ import main as loadgen_main
-from clients.loadgen.playback import ChunkArrival, underruns
 from clients.loadgen.report import percentile
 from clients.loadgen.schedule import poisson_schedule
+from observability.playback import ChunkArrival, underruns
 from tests.service.helpers import RunningServer
 
 

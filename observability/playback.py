@@ -1,4 +1,8 @@
-"""Underruns: when each chunk had to be in the listener's hands, and how late it was."""
+"""Underruns: when each audio chunk had to be in the listener's hands, and how late it was.
+
+One arithmetic for both sides of the wire: the server's metrics (chunks as they leave) and the load
+generator (chunks as they arrive). Pure Python, so clients can use it without the server's dependencies.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ChunkArrival:
-    arrival_s: float  # on the generator's clock
+    arrival_s: float  # when the chunk left (server) or arrived (client), on one monotonic clock
     offset_s: float  # where the chunk starts in the audio
 
 
