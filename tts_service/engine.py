@@ -289,20 +289,18 @@ class Engine:
                 self._end(live, FinishReason.ERROR, error="the engine stopped")
 
     def _count(self, output: SchedulerOutput, execute_s: float, loop_s: float) -> None:
+        step = StepObservation(num_decodes=len(output.decodes), num_prefills=len(output.prefills),
+                               num_codec_frames=sum(chunk.num_frames for chunk in output.codec_chunks), step_s=loop_s)
         stats = self.stats
         stats.num_steps += 1
-        stats.num_decoded_frames += len(output.decodes)
-        stats.num_prefills += len(output.prefills)
-        stats.num_codec_frames += sum(chunk.num_frames for chunk in output.codec_chunks)
+        stats.num_decoded_frames += step.num_decodes
+        stats.num_prefills += step.num_prefills
+        stats.num_codec_frames += step.num_codec_frames
         stats.execute_s += execute_s
         stats.loop_s += loop_s
         stats.last_step_s = loop_s
-        if self.step_observers:
-            observation = StepObservation(num_decodes=len(output.decodes), num_prefills=len(output.prefills),
-                                          num_codec_frames=sum(chunk.num_frames for chunk in output.codec_chunks),
-                                          step_s=loop_s)
-            for observer in self.step_observers:
-                observer(observation)
+        for observer in self.step_observers:
+            observer(step)
 
     async def _sleep_until_work(self) -> None:
         deadline = self.scheduler.next_deadline()
