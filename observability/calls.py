@@ -1,4 +1,4 @@
-"""What one call did, gathered while it runs, into the RequestObservation the metrics take."""
+"""What one call did, gathered while it runs: the record that metrics, traces and logs read at its end."""
 
 from __future__ import annotations
 
@@ -6,36 +6,70 @@ import time
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from observability.metrics import RequestObservation
 from observability.playback import ChunkArrival, underruns
+
+
+def elapsed(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
+
+
+@dataclass(frozen=True)
+class RequestTimeline:
+    """When a request reached each stage inside the engine, on the engine's clock (time.monotonic in the
+    server); None for a stage it never reached. `arrival` is the submit, or for open text the moment its
+    prompt could first run."""
+
+    arrival: float
+    admitted: float | None  # first admission to a decode slot
+    first_frame: float | None  # its prefill produced frame 0
+    first_audio: float | None  # its first chunk reached the stream
+    finished: float
+
+    @property
+    def queue_s(self) -> float | None:
+        return elapsed(self.arrival, self.admitted)
+
+    @property
+    def prefill_s(self) -> float | None:
+        """First admission to frame 0: the prefill and the step that carried it."""
+        return elapsed(self.admitted, self.first_frame)
+
+    @property
+    def time_to_first_audio_s(self) -> float | None:
+        return elapsed(self.arrival, self.first_audio)
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """What the engine reported when the request ended."""
+
+    finish_reason: str  # stopped, length, aborted, error
+    timeline: RequestTimeline
+    num_frames: int
+    num_input_tokens: int
+    audio_s: float
 
 
 @dataclass
 class CallRecord:
     rpc: str
+    request_id: str
     started: float = field(default_factory=time.monotonic)
-    finish_reason: str = ""
-    queue_s: float | None = None
-    time_to_first_audio_s: float | None = None  # the engine's: arrival to the first chunk in the stream
-    num_frames: int = 0
-    num_input_tokens: int = 0
-    audio_s: float = 0.0
+    num_text_chars: int = 0
+    voice_clone: tuple[float, float] | None = None  # monotonic start and end of the reference audio's encoding
+    result: CallResult | None = None  # None when the call ended before the engine finished it
     chunks_sent: list[ChunkArrival] = field(default_factory=list)
 
     def add_chunk(self, offset_s: float) -> None:
         self.chunks_sent.append(ChunkArrival(time.monotonic(), offset_s))
 
-    def finish(self, finish_reason: str, queue_s: float | None, time_to_first_audio_s: float | None,
-               num_frames: int, num_input_tokens: int, audio_s: float) -> None:
-        self.finish_reason, self.queue_s, self.time_to_first_audio_s = finish_reason, queue_s, time_to_first_audio_s
-        self.num_frames, self.num_input_tokens, self.audio_s = num_frames, num_input_tokens, audio_s
+    @property
+    def timeline(self) -> RequestTimeline | None:
+        return self.result.timeline if self.result is not None else None
 
-    def observation(self, status: str) -> RequestObservation:
-        sent = [chunk.arrival_s for chunk in self.chunks_sent]
-        return RequestObservation(
-            rpc=self.rpc, status=status, finish_reason=self.finish_reason, queue_s=self.queue_s,
-            time_to_first_audio_s=self.time_to_first_audio_s, end_to_end_s=time.monotonic() - self.started,
-            audio_s=self.audio_s, num_frames=self.num_frames, num_input_tokens=self.num_input_tokens,
-            chunk_gaps_s=tuple(later - earlier for earlier, later in pairwise(sent)),
-            # Playback from the first chunk; None for calls that streamed no chunks.
-            underrun_s=underruns(self.chunks_sent).total_s if self.chunks_sent else None)
+    def chunk_gaps_s(self) -> list[float]:
+        return [later.arrival_s - earlier.arrival_s for earlier, later in pairwise(self.chunks_sent)]
+
+    def underrun_s(self) -> float | None:
+        """Total lateness against playback from the first chunk; None for calls that streamed no chunks."""
+        return underruns(self.chunks_sent).total_s if self.chunks_sent else None

@@ -10,10 +10,13 @@ blocks) are read from the scheduler only when Prometheus scrapes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from observability.calls import CallRecord
 
 # Fine below 100 ms, where the service's targets are; coarse above, where only overload lives.
 TIME_TO_FIRST_AUDIO_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2,
@@ -46,23 +49,6 @@ class StepObservation:
 
 
 @dataclass(frozen=True)
-class RequestObservation:
-    """One finished call; the timings are None where the call never got that far."""
-
-    rpc: str
-    status: str  # the gRPC status code's name
-    finish_reason: str  # stopped, length, aborted, error, or "" when the engine never saw it
-    queue_s: float | None
-    time_to_first_audio_s: float | None
-    end_to_end_s: float | None
-    audio_s: float
-    num_frames: int
-    num_input_tokens: int
-    chunk_gaps_s: tuple[float, ...]
-    underrun_s: float | None  # total lateness against playback from the first chunk
-
-
-@dataclass(frozen=True)
 class LiveState:
     """Readers of the engine's current state, called at scrape time."""
 
@@ -89,6 +75,9 @@ class ServiceMetrics:
                                           "A synthesis call from start to end.", DURATION_BUCKETS)
         self.queue_time = histogram("qwen3_tts_queue_seconds", "From a request's arrival to its admission.",
                                     DURATION_BUCKETS)
+        self.prefill_time = histogram("qwen3_tts_prefill_seconds",
+                                      "From a request's admission to its first frame (the step carrying its prefill).",
+                                      STEP_BUCKETS)
         self.realtime_factor = histogram("qwen3_tts_realtime_factor",
                                          "A completed call's duration over the audio it produced.",
                                          REALTIME_FACTOR_BUCKETS)
@@ -120,23 +109,31 @@ class ServiceMetrics:
         if step.num_prefills:
             self.prefills.labels(**labels).inc(step.num_prefills)
 
-    def observe_request(self, request: RequestObservation) -> None:
+    def observe_call(self, record: CallRecord, status: str) -> None:
+        """A finished call, with the name of the gRPC status it ended with."""
         labels = self._labels
-        self.requests.labels(**labels, rpc=request.rpc, status=request.status,
-                             finish_reason=request.finish_reason).inc()
-        for histogram, value in ((self.queue_time, request.queue_s),
-                                 (self.time_to_first_audio, request.time_to_first_audio_s),
-                                 (self.request_duration, request.end_to_end_s),
-                                 (self.underrun, request.underrun_s)):
+        result = record.result
+        self.requests.labels(**labels, rpc=record.rpc, status=status,
+                             finish_reason=result.finish_reason if result is not None else "").inc()
+        end_to_end_s = time.monotonic() - record.started
+        self.request_duration.labels(**labels).observe(end_to_end_s)
+        underrun_s = record.underrun_s()
+        if underrun_s is not None:
+            self.underrun.labels(**labels).observe(underrun_s)
+        for gap in record.chunk_gaps_s():
+            self.chunk_gap.labels(**labels).observe(gap)
+        if result is None:
+            return
+        timeline = result.timeline
+        for histogram, value in ((self.queue_time, timeline.queue_s), (self.prefill_time, timeline.prefill_s),
+                                 (self.time_to_first_audio, timeline.time_to_first_audio_s)):
             if value is not None:
                 histogram.labels(**labels).observe(value)
-        if request.status == "OK" and request.end_to_end_s is not None and request.audio_s > 0:
-            self.realtime_factor.labels(**labels).observe(request.end_to_end_s / request.audio_s)
-        for gap in request.chunk_gaps_s:
-            self.chunk_gap.labels(**labels).observe(gap)
-        self.audio_seconds.labels(**labels).inc(request.audio_s)
-        self.frames.labels(**labels).inc(request.num_frames)
-        self.input_tokens.labels(**labels).inc(request.num_input_tokens)
+        if status == "OK" and result.audio_s > 0:
+            self.realtime_factor.labels(**labels).observe(end_to_end_s / result.audio_s)
+        self.audio_seconds.labels(**labels).inc(result.audio_s)
+        self.frames.labels(**labels).inc(result.num_frames)
+        self.input_tokens.labels(**labels).inc(result.num_input_tokens)
 
     def watch(self, live: LiveState) -> None:
         """Gauges that read the engine's state when scraped (so they cost nothing between scrapes)."""
@@ -149,3 +146,15 @@ class ServiceMetrics:
                 ("qwen3_tts_kv_blocks_used", "Talker KV-cache blocks held by requests.", live.num_kv_blocks_used),
                 ("qwen3_tts_kv_blocks", "Talker KV-cache blocks in all.", live.num_kv_blocks_total)):
             Gauge(name, documentation, names, registry=self.registry).labels(**labels).set_function(read)
+
+    def set_cuda_graphs(self, batch_sizes_by_kind: Mapping[str, list[int]]) -> None:
+        """The CUDA graphs the runner captured, given as each graph's batch size by kind."""
+        names = (*self._labels, "kind")
+        count = Gauge("qwen3_tts_cuda_graphs", "CUDA graphs captured at start-up, by kind.", names,
+                      registry=self.registry)
+        largest = Gauge("qwen3_tts_cuda_graph_max_batch_size",
+                        "Largest batch that a captured graph of this kind covers.",
+                        names, registry=self.registry)
+        for kind, sizes in batch_sizes_by_kind.items():
+            count.labels(**self._labels, kind=kind).set(len(sizes))
+            largest.labels(**self._labels, kind=kind).set(max(sizes, default=0))

@@ -16,12 +16,15 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from typing import TYPE_CHECKING, TypeVar
 
+from observability.logs import configure_logging
 from tts_service.config import ConfigError, ServerConfig, load_config
 
 if TYPE_CHECKING:
     from observability.metrics import ServiceMetrics
+    from observability.tracing import CallTracer
     from tts_service.server import Runtime
 
 T = TypeVar("T")
@@ -77,20 +80,31 @@ def start_metrics(config: ServerConfig, runtime: Runtime) -> ServiceMetrics | No
     """The metrics, served over HTTP on the metrics port; None when no port is configured."""
     if config.metrics_port is None:
         return None
-    from importlib.metadata import version
-
     from prometheus_client import start_http_server
 
     from observability.metrics import ServiceMetrics, mode_label
 
     model = runtime.model
-    metrics = ServiceMetrics(model.source, mode_label(model.config.model_type))
-    metrics.build_info.info({"version": version("qwen3-tts-service"), "model": model.source,
+    mode = mode_label(model.config.model_type)
+    metrics = ServiceMetrics(model.source, mode)
+    metrics.build_info.info({"version": version("qwen3-tts-service"), "model": model.source, "mode": mode,
                              "dtype": str(model.talker.codec_head.weight.dtype).removeprefix("torch."),
                              "device": str(model.device)})
     start_http_server(config.metrics_port, addr=config.host, registry=metrics.registry)
     logger.info("metrics on http://%s:%d/metrics", config.host, config.metrics_port)
     return metrics
+
+
+def start_tracing(config: ServerConfig, runtime: Runtime) -> CallTracer | None:
+    """Spans of speech calls exported over OTLP, as the OTEL_* variables configure; None when tracing is off."""
+    if not config.is_tracing_enabled:
+        return None
+    from observability.metrics import mode_label
+    from observability.tracing import CallTracer, otlp_provider
+
+    model = runtime.model
+    logger.info("tracing: spans exported over OTLP/gRPC")
+    return CallTracer(otlp_provider(version("qwen3-tts-service")), model.source, mode_label(model.config.model_type))
 
 
 async def serve(config: ServerConfig) -> int:
@@ -100,6 +114,7 @@ async def serve(config: ServerConfig) -> int:
     from tts_service.warm_up import warm_up
 
     server = TtsServer(config)
+    tracer: CallTracer | None = None
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -119,7 +134,8 @@ async def serve(config: ServerConfig) -> int:
         except RequestFailed as error:  # the engine cannot synthesize: serving would fail every call
             logger.error("the warm-up synthesis failed: %s", error)
             return 1
-        await server.serve(runtime, start_metrics(config, runtime))
+        tracer = start_tracing(config, runtime)
+        await server.serve(runtime, start_metrics(config, runtime), tracer)
         await stop.wait()
         logger.info("shutdown requested")
         return 0
@@ -128,6 +144,8 @@ async def serve(config: ServerConfig) -> int:
         return 1
     finally:
         await server.shutdown()
+        if tracer is not None:
+            tracer.shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         sys.stderr.write(f"qwen3-tts-server: {error}\n")
         return 2
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format)
     logger.info("configuration:\n%s", config.describe())
     return asyncio.run(serve(config))
 

@@ -80,7 +80,7 @@ async def abort_with(context: grpc.aio.ServicerContext, error: ApiError) -> None
 
 
 @contextlib.asynccontextmanager
-async def answering_errors(context: grpc.aio.ServicerContext, request_id: str) -> AsyncIterator[None]:
+async def answering_errors(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
     """Ends the call with the status a known error maps to; anything else is INTERNAL, and logged."""
     try:
         yield
@@ -89,8 +89,10 @@ async def answering_errors(context: grpc.aio.ServicerContext, request_id: str) -
     except Exception as error:  # every failure of one call ends that call only
         api_error = api_error_for(error)
         if api_error is None:
-            logger.exception("request %s failed", request_id)
+            logger.exception("failed")
             api_error = ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
         elif api_error.code is grpc.StatusCode.INTERNAL:
-            logger.error("request %s failed: %s", request_id, error)
+            logger.error("failed: %s", error)
+        else:
+            logger.info("answered %s: %s", api_error.code.name, api_error.message)
         await abort_with(context, api_error)

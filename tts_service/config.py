@@ -2,8 +2,11 @@
 
 This is the only module that reads the environment. Every flag `--some-name` has the variable
 `QWEN3_TTS_SOME_NAME`; API keys may also come from `QWEN3_TTS_API_KEYS` (comma-separated), which
-suits a secret mounted as an environment variable. The result is one frozen, validated
-ServerConfig, printed once at start with the keys redacted.
+suits a secret mounted as an environment variable. Tracing follows the standard OpenTelemetry
+variables: it is on when an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT or
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), unless OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none;
+the SDK reads the rest of them itself. The result is one frozen, validated ServerConfig, printed
+once at start with the keys redacted.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+from observability.logs import LOG_FORMATS
 
 ENV_PREFIX = "QWEN3_TTS_"
 API_KEYS_ENV = "QWEN3_TTS_API_KEYS"
@@ -46,6 +51,8 @@ class ServerConfig:
     api_keys: frozenset[str] = field(default=frozenset(), repr=False)
     drain_timeout_seconds: float = 30.0
     log_level: str = "INFO"
+    log_format: str = "json"  # json: one object per line, for log collectors; text: for a terminal
+    is_tracing_enabled: bool = False  # from the OTEL_* variables: spans exported over OTLP/gRPC
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, "port", f"must be 0-65535, got {self.port}")
@@ -61,6 +68,7 @@ class ServerConfig:
         _require(self.drain_timeout_seconds >= 0, "drain_timeout_seconds",
                  f"must be >= 0, got {self.drain_timeout_seconds}")
         _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+        _require(self.log_format in LOG_FORMATS, "log_format", f"must be one of {', '.join(LOG_FORMATS)}")
         _require((self.tls_cert is None) == (self.tls_key is None), "tls_cert",
                  "--tls-cert and --tls-key go together")
         _require(self.tls_client_ca is None or self.tls_cert is not None, "tls_client_ca",
@@ -129,6 +137,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("api-keys-file", Path, f"file of accepted API keys, one per line, # comments (or env {API_KEYS_ENV})")
     add("drain-timeout-seconds", float, "on SIGTERM/SIGINT, how long running calls may take to finish")
     add("log-level", str.upper, f"one of {', '.join(LOG_LEVELS)}")
+    add("log-format", str.lower, "json (one object per line, with request and trace ids) or text")
     return parser
 
 
@@ -148,4 +157,25 @@ def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
     keys_file = args.pop("api_keys_file")
     keys = read_api_keys(Path(keys_file)) if keys_file else frozenset()
     keys |= {key.strip() for key in environ.get(API_KEYS_ENV, "").split(",") if key.strip()}
-    return ServerConfig(**args, api_keys=keys)
+    return ServerConfig(**args, api_keys=keys, is_tracing_enabled=is_tracing_enabled(environ))
+
+
+def is_tracing_enabled(environ: Mapping[str, str]) -> bool:
+    """Whether the OTEL_* variables ask for traces that this server can send (OTLP over gRPC)."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    if exporter == "none":
+        return False
+    if exporter != "otlp":
+        raise ConfigError(f"OTEL_TRACES_EXPORTER: this server exports traces with otlp (or none), not {exporter!r}")
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not endpoint:
+        return False
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = environ.get(name)
+        if protocol:
+            if protocol.strip().lower() != "grpc":
+                raise ConfigError(f"{name}: this server sends OTLP over grpc, not {protocol!r}")
+            break
+    return True

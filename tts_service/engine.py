@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from observability.calls import RequestTimeline
 from observability.metrics import StepObservation
 from scheduler.outputs import CodecChunk, FreedItem, RequestEvent, SchedulerOutput, StepResult
 from scheduler.request import FinishReason, Request
@@ -96,6 +97,7 @@ class _Live:
     frames: list[np.ndarray] = field(default_factory=list)
     reference_codes: np.ndarray | None = None  # in-context clone: the codec's left context
     num_text_ids: int = 0  # tokens of the request's own text
+    first_frame_time: float | None = None  # on the engine's clock, when the prefill produced frame 0
     first_audio_time: float | None = None  # on the engine's clock, when the first chunk reached the stream
 
     @property
@@ -349,9 +351,10 @@ class Engine:
     def _apply(self, output: SchedulerOutput, done: StepDone) -> None:
         eos_ids = {request_id for request_id, frame in done.frames.items() if frame[0] == self._eos_code}
         result = StepResult.for_output(output, eos_ids, done.errors)
-        events = self.scheduler.update(result, self.clock())
+        now = self.clock()
+        events = self.scheduler.update(result, now)
         for event in events:
-            self._apply_event(event, done)
+            self._apply_event(event, done, now)
         for chunk in output.codec_chunks:
             live = self._live.get(chunk.request_id)
             if live is not None and chunk.is_final:
@@ -371,11 +374,13 @@ class Engine:
                 live.first_audio_time = now
             live.stream.put_audio(AudioChunk(samples, chunk.first_frame, chunk.num_frames))
 
-    def _apply_event(self, event: RequestEvent, done: StepDone) -> None:
+    def _apply_event(self, event: RequestEvent, done: StepDone, now: float) -> None:
         live = self._live.get(event.request_id)
         if live is None:
             return
         if event.is_new_frame:
+            if live.first_frame_time is None:
+                live.first_frame_time = now
             live.frames.append(done.frames[event.request_id])
         if event.finish_reason is FinishReason.ERROR:
             self._end(live, FinishReason.ERROR, error=event.error)
@@ -390,9 +395,10 @@ class Engine:
         if self._live.pop(live.request_id, None) is None:
             return
         request = self.scheduler.requests.get(live.request_id)
-        first_audio = None if live.first_audio_time is None else live.first_audio_time - live.arrival_time
+        timeline = RequestTimeline(
+            arrival=live.arrival_time, admitted=None if request is None else request.admitted_time,
+            first_frame=live.first_frame_time, first_audio=live.first_audio_time, finished=self.clock())
         live.stream.finish(SynthesisSummary(
             request_id=live.request_id, finish_reason=reason, num_frames=len(live.frames),
-            num_text_tokens=live.num_text_ids, codes=self._stack_frames(live.frames),
-            queue_time_s=None if request is None else request.queue_time_s,
-            time_to_first_audio_s=first_audio, error=error))
+            num_text_tokens=live.num_text_ids, codes=self._stack_frames(live.frames), timeline=timeline,
+            error=error))

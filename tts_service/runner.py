@@ -302,6 +302,12 @@ class ModelRunner:
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
 
+    def captured_graph_batch_sizes(self) -> dict[str, list[int]]:
+        """Each captured CUDA graph's batch size, by kind (empty lists when the runner runs eagerly)."""
+        return {"decode": sorted(self.buffers.graphs), "first_frame": sorted(self.first_frame.graphs),
+                "codec": sorted(batch for batch, _ in self.codec.graphs),
+                "prefill": sorted(batch for batch, _ in self.prefill.graphs)}
+
     def bucket_for(self, batch: int) -> int:
         bucket = _smallest_at_least(self.buckets, batch)
         if bucket is None:

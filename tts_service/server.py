@@ -30,8 +30,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from clients.qwen3_tts_client.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
-from observability.calls import CallRecord
+from observability.calls import CallRecord, CallResult
+from observability.logs import bind_call
 from observability.metrics import LiveState, ServiceMetrics
+from observability.tracing import CallTracer, trace_id_of
 from tts_service.api_errors import ApiError, answering_errors, invalid
 from tts_service.api_messages import (
     ENCODING_NUMBERS,
@@ -149,6 +151,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         self.calls = calls
         self.runtime: Runtime | None = None
         self.metrics: ServiceMetrics | None = None
+        self.tracer: CallTracer | None = None
         self._reference_limits = AudioLimits(max_seconds=config.max_reference_audio_seconds)
         # One cloning at a time: the encoders are heavy and share the device with the engine.
         self._clone_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-clone")
@@ -157,20 +160,23 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
 
     @contextlib.asynccontextmanager
-    async def _call(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[tuple[str, CallRecord]]:
-        """A speech call's frame: request id (also sent as a header), drain tracking, metrics, errors as statuses."""
-        request_id = uuid.uuid4().hex
-        async with self.calls.track(), self._observed(rpc, context) as record, answering_errors(context, request_id):
-            await context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
-            yield request_id, record
+    async def _call(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[CallRecord]:
+        """A speech call's frame: request id (also sent as a header), drain tracking, observation, errors as
+        statuses."""
+        record = CallRecord(rpc, uuid.uuid4().hex)
+        async with self.calls.track(), self._observed(record, context), answering_errors(context):
+            await context.send_initial_metadata(((REQUEST_ID_HEADER, record.request_id),))
+            yield record
 
     @contextlib.asynccontextmanager
-    async def _observed(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[CallRecord]:
-        """Records the call for the metrics with the status it ends with."""
-        record = CallRecord(rpc)
+    async def _observed(self, record: CallRecord, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """The call's span and log tags from its start; metrics and the span's end with the status it ends with."""
+        tracer = self.tracer
+        span = tracer.start(record, context.invocation_metadata() or ()) if tracer is not None else None
+        bind_call(record.request_id, trace_id_of(span) if span is not None else None)
         status = "OK"
         try:
-            yield record
+            yield
         except grpc.aio.AbortError:
             code = context.code()
             status = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
@@ -180,13 +186,15 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             raise
         finally:
             if self.metrics is not None:
-                self.metrics.observe_request(record.observation(status))
+                self.metrics.observe_call(record, status)
+            if tracer is not None and span is not None:
+                tracer.end(span, record, status)
 
     def _finish_record(self, record: CallRecord, summary: SynthesisSummary) -> None:
         speech = self._runtime().model.speech_config
-        record.finish(summary.finish_reason.value, summary.queue_time_s, summary.time_to_first_audio_s,
-                      summary.num_frames, summary.num_text_tokens,
-                      summary.num_frames * speech.samples_per_frame / speech.output_sample_rate)
+        record.result = CallResult(summary.finish_reason.value, summary.timeline, summary.num_frames,
+                                   summary.num_text_tokens,
+                                   summary.num_frames * speech.samples_per_frame / speech.output_sample_rate)
 
     def _runtime(self) -> Runtime:
         if self.runtime is None:
@@ -196,7 +204,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     # ListVoices
 
     async def ListVoices(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with answering_errors(context, "-"):
+        async with answering_errors(context):
             return self._voices(self._runtime().model)
 
     def _voices(self, model: LoadedModel) -> Any:
@@ -220,15 +228,15 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     # Synthesize
 
     async def Synthesize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with self._call("Synthesize", context) as (request_id, record):
+        async with self._call("Synthesize", context) as record:
             runtime = self._runtime()
-            prepared = await self._prepare(request_id, request.text, request.voice, request.generation,
+            prepared = await self._prepare(record, request.text, request.voice, request.generation,
                                            request.audio_format)
             stream = self._submit(runtime, prepared, context, is_text_open=False)
             try:
                 waveform, summary = await stream.collect()
             finally:
-                runtime.engine.abort(request_id)
+                runtime.engine.abort(record.request_id)
             audio = await asyncio.to_thread(encode_whole, waveform, prepared.output)
             self._finish_record(record, summary)
             self._log_done(summary)
@@ -240,9 +248,9 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     # SynthesizeOnline
 
     async def SynthesizeOnline(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        async with self._call("SynthesizeOnline", context) as (request_id, record):
+        async with self._call("SynthesizeOnline", context) as record:
             runtime = self._runtime()
-            prepared = await self._prepare(request_id, request.text, request.voice, request.generation,
+            prepared = await self._prepare(record, request.text, request.voice, request.generation,
                                            request.audio_format)
             stream = self._submit(runtime, prepared, context, is_text_open=False)
             try:
@@ -250,7 +258,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                                                           record):
                     yield message
             finally:
-                runtime.engine.abort(request_id)
+                runtime.engine.abort(record.request_id)
 
     async def _audio_messages(self, stream: RequestStream, output: OutputFormat, message_type: Any,
                               record: CallRecord) -> AsyncIterator[Any]:
@@ -276,22 +284,21 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def StreamingSynthesize(self, request_iterator: AsyncIterator[Any],
                                   context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        async with self._call("StreamingSynthesize", context) as (request_id, record):
+        async with self._call("StreamingSynthesize", context) as record:
             runtime = self._runtime()
             started = time.monotonic()
             config = await self._first_config(request_iterator)
-            prepared = await self._prepare(request_id, "", config.voice, config.generation, config.audio_format)
+            prepared = await self._prepare(record, "", config.voice, config.generation, config.audio_format)
             stream = self._submit(runtime, prepared, context, is_text_open=True,
                                   max_seconds=self.config.max_stream_seconds)
             outbox: asyncio.Queue[Any] = asyncio.Queue()
-            reader = asyncio.create_task(self._read_text(request_iterator, runtime.engine, request_id, outbox,
-                                                         started))
+            reader = asyncio.create_task(self._read_text(request_iterator, runtime.engine, record, outbox, started))
             try:
                 async for message in self._merged(stream, prepared.output, outbox, record):
                     yield message
             finally:
                 reader.cancel()
-                runtime.engine.abort(request_id)
+                runtime.engine.abort(record.request_id)
 
     async def _first_config(self, request_iterator: AsyncIterator[Any]) -> Any:
         try:
@@ -305,10 +312,10 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                                     "and only the config")
         return first.config
 
-    async def _read_text(self, request_iterator: AsyncIterator[Any], engine: Engine, request_id: str,
+    async def _read_text(self, request_iterator: AsyncIterator[Any], engine: Engine, record: CallRecord,
                          outbox: asyncio.Queue[Any], started: float) -> None:
         """Request messages -> the engine's open text, until half-close; a protocol error ends the call."""
-        num_chars = 0
+        request_id = record.request_id
         try:
             while True:
                 remaining_s = self.config.max_stream_seconds - (time.monotonic() - started)
@@ -324,8 +331,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                     raise (self._idle_error() if timeout < remaining_s else self._stream_too_long_error()) from None
                 kind = message.WhichOneof("request")
                 if kind == "text":
-                    num_chars += len(message.text)
-                    if num_chars > self.config.max_text_chars:
+                    record.num_text_chars += len(message.text)
+                    if record.num_text_chars > self.config.max_text_chars:
                         raise invalid("text", f"the streamed text exceeds {self.config.max_text_chars} characters")
                     engine.append_text(request_id, message.text)
                 elif kind == "flush":
@@ -374,7 +381,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     # Shared steps
 
-    async def _prepare(self, request_id: str, text: str, voice: Any, generation: Any,
+    async def _prepare(self, record: CallRecord, text: str, voice: Any, generation: Any,
                        audio_format: Any) -> PreparedRequest:
         """Check the request (the engine checks the voice at submit) and clone its voice, if any."""
         runtime = self._runtime()
@@ -383,19 +390,23 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         params = generation_params(generation, self.config, model.speech_config.frame_rate_hz)
         check_text_length(text, "text", self.config)
         check_text_length(voice.instruction, "voice.instruction", self.config)
-        clone = await self._clone(runtime, voice) if voice.reference_audio else None
-        return PreparedRequest(request_id, synthesis_input(text, voice, clone, generation.non_streaming_text),
+        record.num_text_chars = len(text)
+        clone = await self._clone(runtime, voice, record) if voice.reference_audio else None
+        return PreparedRequest(record.request_id, synthesis_input(text, voice, clone, generation.non_streaming_text),
                                params, output)
 
-    async def _clone(self, runtime: Runtime, voice: Any) -> VoiceClone:
+    async def _clone(self, runtime: Runtime, voice: Any, record: CallRecord) -> VoiceClone:
         check_clone_request(voice, runtime.model)
 
         def clone() -> VoiceClone:
             wav = decode_reference(voice, self._reference_limits)
             return runtime.cloner.clone_voice(wav, voice.reference_text or None, voice.x_vector_only)
 
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._clone_executor, clone)
+        started = time.monotonic()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._clone_executor, clone)
+        finally:
+            record.voice_clone = (started, time.monotonic())
 
     def _submit(self, runtime: Runtime, prepared: PreparedRequest, context: grpc.aio.ServicerContext,
                 is_text_open: bool, max_seconds: float | None = None) -> RequestStream:
@@ -412,8 +423,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     @staticmethod
     def _log_done(summary: SynthesisSummary) -> None:
-        logger.info("request %s: %s after %d frames (%d text tokens), queued %.3f s, first audio %s",
-                    summary.request_id, summary.finish_reason.value, summary.num_frames, summary.num_text_tokens,
+        logger.info("%s after %d frames (%d text tokens), queued %.3f s, first audio %s",
+                    summary.finish_reason.value, summary.num_frames, summary.num_text_tokens,
                     summary.queue_time_s or 0.0, "-" if summary.time_to_first_audio_s is None
                     else f"{summary.time_to_first_audio_s:.3f} s")
 
@@ -424,6 +435,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 def watch_engine(metrics: ServiceMetrics, engine: Engine) -> None:
     """Engine steps into the metrics, and gauges that read the scheduler when scraped."""
     engine.step_observers.append(metrics.observe_step)
+    metrics.set_cuda_graphs(engine.runner.captured_graph_batch_sizes())
     scheduler = engine.scheduler
     metrics.watch(LiveState(num_running=lambda: scheduler.num_running, num_waiting=lambda: scheduler.num_waiting,
                             num_parked=lambda: scheduler.num_parked,
@@ -475,11 +487,14 @@ class TtsServer:
         logger.info("listening on %s:%d (%s)", self.config.host, self.port, "TLS" if self.config.uses_tls else
                     "plaintext")
 
-    async def serve(self, runtime: Runtime, metrics: ServiceMetrics | None = None) -> None:
-        """Start answering speech calls with `runtime`, whose engine must be running; record into `metrics`."""
+    async def serve(self, runtime: Runtime, metrics: ServiceMetrics | None = None,
+                    tracer: CallTracer | None = None) -> None:
+        """Start answering speech calls with `runtime`, whose engine must be running; record into `metrics`
+        and trace with `tracer` when given."""
         if metrics is not None:
             watch_engine(metrics, runtime.engine)
             self.service.metrics = metrics
+        self.service.tracer = tracer
         self.service.runtime = runtime
         self.state.is_ready = True
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)

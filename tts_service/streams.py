@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from observability.calls import RequestTimeline
 from scheduler.request import FinishReason
 from tts_service.generate import GenerationParams
 from tts_service.prompts import SynthesisInput
@@ -35,9 +36,16 @@ class SynthesisSummary:
     num_frames: int
     num_text_tokens: int  # tokens of the request's own text (not the chat template or the voice prompt)
     codes: np.ndarray  # [num_frames, G] int64: every generated frame
-    queue_time_s: float | None  # arrival (or first text, for open text) to first admission
-    time_to_first_audio_s: float | None
+    timeline: RequestTimeline
     error: str | None = None
+
+    @property
+    def queue_time_s(self) -> float | None:
+        return self.timeline.queue_s
+
+    @property
+    def time_to_first_audio_s(self) -> float | None:
+        return self.timeline.time_to_first_audio_s
 
 
 class RequestFailed(RuntimeError):

@@ -22,6 +22,18 @@ MAX_RECEIVE_MESSAGE_BYTES = 256 * 1024 * 1024
 Metadata = Sequence[tuple[str, str]]
 
 
+def _trace_context() -> Metadata:
+    """The current OpenTelemetry context as `traceparent` metadata, so the server's span joins the caller's
+    trace; nothing when OpenTelemetry is not installed or no span is active."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return ()
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return tuple(carrier.items())
+
+
 @dataclass(frozen=True)
 class Voice:
     """Who speaks (see VoiceSelection in the .proto); empty fields take the server's defaults."""
@@ -124,7 +136,9 @@ class Connection:
 
     @property
     def metadata(self) -> Metadata:
-        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+        """Sent with every call: the API key, and the caller's trace context when it has one."""
+        key = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+        return (*key, *_trace_context())
 
     @property
     def uses_tls(self) -> bool:

@@ -35,6 +35,7 @@ def test_api_keys_come_from_a_file_and_the_environment_and_are_never_described(t
     (["--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem"], "--tls-cert"),
     (["--tls-key", "/nonexistent/key.pem"], "--tls-cert"),
     (["--log-level", "chatty"], "--log-level"),
+    (["--log-format", "xml"], "--log-format"),
     (["--api-keys-file", "/nonexistent/keys"], "--api-keys-file"),
 ])
 def test_invalid_settings_are_refused_naming_the_flag(argv: list[str], flag: str) -> None:
@@ -45,3 +46,32 @@ def test_invalid_settings_are_refused_naming_the_flag(argv: list[str], flag: str
 def test_the_server_command_exits_with_a_usage_error_for_a_bad_setting(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--port", "-1"]) == 2
     assert "--port" in capsys.readouterr().err
+
+
+ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}
+
+
+@pytest.mark.parametrize(("environ", "is_enabled"), [
+    ({}, False),
+    (ENDPOINT, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4317"}, True),
+    ({**ENDPOINT, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, True),
+    ({**ENDPOINT, "OTEL_TRACES_EXPORTER": "none"}, False),
+    ({**ENDPOINT, "OTEL_SDK_DISABLED": "true"}, False),
+    ({"OTEL_SERVICE_NAME": "tts"}, False),
+])
+def test_tracing_is_on_exactly_when_the_otel_variables_set_an_otlp_endpoint(environ: dict[str, str],
+                                                                            is_enabled: bool) -> None:
+    assert load_config([], environ).is_tracing_enabled is is_enabled
+
+
+@pytest.mark.parametrize(("environ", "variable"), [
+    ({**ENDPOINT, "OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+    ({**ENDPOINT, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "OTEL_EXPORTER_OTLP_PROTOCOL"),
+    ({**ENDPOINT, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"),
+])
+def test_tracing_settings_this_server_cannot_honour_are_refused_naming_the_variable(environ: dict[str, str],
+                                                                                   variable: str) -> None:
+    with pytest.raises(ConfigError, match=variable):
+        load_config([], environ)

@@ -12,41 +12,25 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 import soundfile
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.service.processes import ROOT, ServerProcess, server_process
+
 NODE_PACKAGE = ROOT / "clients" / "node"
 CLI = NODE_PACKAGE / "bin" / "qwen3-tts.js"
 API_KEY = "node-client-test-key"
 # Short utterances keep the module fast on a small CPU: the random model never stops on its own.
 MAX_AUDIO_SECONDS = 2.0
 SAMPLES_PER_FRAME_24K = 1920
-SERVER_START_TIMEOUT_S = 120.0
 CLI_TIMEOUT_S = 90.0
 SUMMARY = re.compile(r"wrote (?P<output>.+?): (?P<seconds>[0-9.]+) s of audio \((?P<encoding>\w+), (?P<rate>\d+) Hz\)"
                      r".* finish reason (?P<reason>\w+)")
-
-
-@dataclass
-class Server:
-    process: subprocess.Popen[bytes]
-    target: str
-    log: Path
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -64,67 +48,22 @@ def node() -> str:
     return node
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_until_serving(server: Server) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    with grpc.insecure_channel(server.target) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if server.process.poll() is not None:
-                pytest.fail(f"the server exited with {server.process.returncode} while starting:\n{server.log_tail()}")
-            try:
-                status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass  # not listening yet
-            time.sleep(0.25)
-    pytest.fail(f"the server was not SERVING after {SERVER_START_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
-def server(node: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(node: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     directory = tmp_path_factory.mktemp("node-client-server")
     keys = directory / "api-keys"
     keys.write_text(f"# the test's key\n{API_KEY}\n")
-    log = directory / "server.log"
-    port = free_port()
-    # The server reads QWEN3_TTS_* variables as flags: none from the caller's environment may leak in.
-    env = {name: value for name, value in os.environ.items() if not name.startswith("QWEN3_TTS_")}
-    command = [sys.executable, "-m", "tts_service", "--model", "random:tiny-custom_voice", "--device", "cpu",
-               "--host", "127.0.0.1", "--port", str(port), "--api-keys-file", str(keys),
-               "--max-audio-seconds", str(MAX_AUDIO_SECONDS), "--drain-timeout-seconds", "2"]
-    with open(log, "wb") as log_file:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    running = Server(process, f"127.0.0.1:{port}", log)
-    try:
-        wait_until_serving(running)
+    with server_process(directory, "--api-keys-file", str(keys), "--max-audio-seconds", str(MAX_AUDIO_SECONDS),
+                        "--drain-timeout-seconds", "2") as running:
         yield running
-    finally:
-        stop(process)
 
 
-def cli_args(server: Server, *args: str, api_key: str | None = API_KEY) -> list[str]:
+def cli_args(server: ServerProcess, *args: str, api_key: str | None = API_KEY) -> list[str]:
     return ["--server", server.target, *(["--api-key", api_key] if api_key else []), *args]
 
 
-def run_cli(node: str, server: Server, *args: str, api_key: str | None = API_KEY) -> subprocess.CompletedProcess[str]:
+def run_cli(node: str, server: ServerProcess, *args: str,
+            api_key: str | None = API_KEY) -> subprocess.CompletedProcess[str]:
     env = {name: value for name, value in os.environ.items() if name != "QWEN3_TTS_API_KEY"}
     return subprocess.run([node, str(CLI), *cli_args(server, *args, api_key=api_key)], capture_output=True,
                           text=True, timeout=CLI_TIMEOUT_S, env=env)
@@ -148,7 +87,7 @@ def test_node_sources_parse_and_the_offline_unit_tests_pass(node: str) -> None:
     assert unit.returncode == 0, unit.stdout + unit.stderr
 
 
-def test_voices_lists_the_loaded_models_speakers(node: str, server: Server) -> None:
+def test_voices_lists_the_loaded_models_speakers(node: str, server: ServerProcess) -> None:
     result = run_cli(node, server, "voices", "--json")
     assert result.returncode == 0, result.stderr
     voices = json.loads(result.stdout)
@@ -159,7 +98,7 @@ def test_voices_lists_the_loaded_models_speakers(node: str, server: Server) -> N
 
 
 def test_stream_speaks_stdin_fragments_before_stdin_closes_and_writes_a_complete_wav(
-        node: str, server: Server, tmp_path: Path) -> None:
+        node: str, server: ServerProcess, tmp_path: Path) -> None:
     output = tmp_path / "streamed.wav"
     process = subprocess.Popen(
         [node, str(CLI), *cli_args(server, "stream", "-o", str(output), "--speaker", "ryan", "--language", "english")],
@@ -206,7 +145,7 @@ def test_stream_speaks_stdin_fragments_before_stdin_closes_and_writes_a_complete
 
 
 def test_library_streams_tokens_with_a_flush_and_iterates_contiguous_audio_to_the_completion(
-        node: str, server: Server) -> None:
+        node: str, server: ServerProcess) -> None:
     env = {**os.environ, "QWEN3_TTS_API_KEY": API_KEY}
     result = subprocess.run([node, str(NODE_PACKAGE / "examples" / "stream-tokens.js"), server.target, "ryan"],
                             capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
@@ -223,7 +162,7 @@ def test_library_streams_tokens_with_a_flush_and_iterates_contiguous_audio_to_th
 
 
 @pytest.mark.parametrize("call", ["streamed", "unary"])
-def test_say_writes_headerless_pcm16_at_the_requested_rate(node: str, server: Server, tmp_path: Path,
+def test_say_writes_headerless_pcm16_at_the_requested_rate(node: str, server: ServerProcess, tmp_path: Path,
                                                            call: str) -> None:
     output = tmp_path / "said.pcm"
     result = run_cli(node, server, "say", "Hello from Node.", "-o", str(output), "--speaker", "ryan",
@@ -239,7 +178,7 @@ def test_say_writes_headerless_pcm16_at_the_requested_rate(node: str, server: Se
     assert not output.read_bytes().startswith(b"RIFF")
 
 
-def test_unknown_speaker_makes_say_exit_nonzero_with_invalid_argument(node: str, server: Server,
+def test_unknown_speaker_makes_say_exit_nonzero_with_invalid_argument(node: str, server: ServerProcess,
                                                                        tmp_path: Path) -> None:
     output = tmp_path / "nobody.wav"
     result = run_cli(node, server, "say", "Hello.", "-o", str(output), "--speaker", "nobody")
@@ -250,7 +189,7 @@ def test_unknown_speaker_makes_say_exit_nonzero_with_invalid_argument(node: str,
 
 
 def test_unknown_speaker_ends_stream_with_invalid_argument_while_stdin_is_still_open(
-        node: str, server: Server, tmp_path: Path) -> None:
+        node: str, server: ServerProcess, tmp_path: Path) -> None:
     output = tmp_path / "nobody-stream.wav"
     process = subprocess.Popen(
         [node, str(CLI), *cli_args(server, "stream", "-o", str(output), "--speaker", "nobody")],
@@ -271,7 +210,7 @@ def test_unknown_speaker_ends_stream_with_invalid_argument_while_stdin_is_still_
     assert not output.exists()
 
 
-def test_missing_api_key_makes_the_cli_exit_nonzero_with_unauthenticated(node: str, server: Server,
+def test_missing_api_key_makes_the_cli_exit_nonzero_with_unauthenticated(node: str, server: ServerProcess,
                                                                           tmp_path: Path) -> None:
     result = run_cli(node, server, "say", "Hello.", "-o", str(tmp_path / "denied.wav"), "--speaker", "ryan",
                      api_key=None)
