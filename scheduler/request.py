@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # queued (new or preempted); holds no KV and no slot
     RUNNING = "running"  # admitted and decoded this step
-    PARKED = "parked"  # admitted (keeps KV and slot) but not decoded: waits for text or for batch room
+    PARKED = "parked"  # admitted (keeps KV and slot) but not decoded: waits for text, its reader or batch room
     FINISHED = "finished"  # no more frames; may still hold its slot until its last codec chunk has run
 
 
@@ -39,6 +39,7 @@ class Request:
     deadline: float | None = None  # absolute time, same clock as schedule(now)
     num_text_tokens: int = 0  # trailing text tokens available so far (not counting the prompt)
     is_text_closed: bool = False  # no more text will come; the model feeds padding from here on
+    is_output_paused: bool = False  # its reader has fallen behind: no more frames until it catches up
 
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     finish_reason: FinishReason | None = field(default=None, init=False)
@@ -71,6 +72,11 @@ class Request:
     def has_text_for_next_frame(self) -> bool:
         # Frame 0 comes from the prefill, which needs only the prompt; frame f needs text token f-1.
         return self.num_frames == 0 or self.is_text_closed or self.num_text_tokens >= self.num_frames
+
+    @property
+    def is_ready_to_decode(self) -> bool:
+        """It has the text for its next frame and a reader keeping up with its audio."""
+        return self.has_text_for_next_frame and not self.is_output_paused
 
     @property
     def num_prefill_positions(self) -> int:

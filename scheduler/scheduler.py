@@ -18,13 +18,14 @@ One schedule() does, in order:
      run while the runner still uses them. Finished requests whose final codec chunk ran last step
      release their slot. All of these are reported in `freed`.
   2. Decodes. Every admitted request whose next frame has its text (or whose text input is closed)
-     is decoded, oldest admission first, up to max_running; the rest are PARKED and keep their KV
-     and slot. A decode that crosses a block boundary takes one more block. When none is free the
-     scheduler preempts: parked requests first (they are idle, so preempting them stalls no audio),
-     then the most recently admitted decoding request, and as a last resort the request itself.
-     A preempted request frees its blocks and slot, keeps its frames and waits at the front of the
-     queue; it is resumed by prefilling prompt + frames. "Most recently admitted" means by first
-     admission, so a resumed request keeps its seniority and is not the next victim again.
+     and whose reader keeps up (see set_output_paused) is decoded, oldest admission first, up to
+     max_running; the rest are PARKED and keep their KV and slot. A decode that crosses a block
+     boundary takes one more block. When none is free the scheduler preempts: parked requests first
+     (they are idle, so preempting them stalls no audio), then the most recently admitted decoding
+     request, and as a last resort the request itself. A preempted request frees its blocks and
+     slot, keeps its frames and waits at the front of the queue; it is resumed by prefilling prompt
+     + frames. "Most recently admitted" means by first admission, so a resumed request keeps its
+     seniority and is not the next victim again.
   3. Admission, only in a step that preempted nothing (preempting to make room and then filling
      the room with new work would thrash). Waiting requests are taken in order, preempted ones
      first (oldest admission first), then new ones in add() order, while the step's prefill
@@ -32,8 +33,8 @@ One schedule() does, in order:
      so a long prompt cannot starve), a slot is free, KV for the prefill plus one decode position
      can be allocated, and the batch stays within max_running. The first request that does not fit
      stops admission: skipping ahead to smaller requests would starve large ones. The one exception
-     is a resumed request whose next text token has not arrived: it is not blocked by capacity, so
-     it keeps its place and the requests behind it may go.
+     is a resumed request whose next text token has not arrived or whose reader is behind: it is not
+     blocked by capacity, so it keeps its place and the requests behind it may go.
   4. Deadline protection. Prefills make a step slower, and a slower step delivers less audio per
      second to every running stream. When any decodable request's playback slack (audio seconds
      delivered minus seconds since its first audio) is below min_playback_slack_s, the step's
@@ -41,7 +42,7 @@ One schedule() does, in order:
      The policy favours time-to-first-audio for new requests while streams are healthy and
      playback deadlines for running streams when one is at risk; new arrivals still get in, a
      small prefill's worth per step, so they are slowed, never starved. Streams parked for lack
-     of text are not counted: more GPU time would not help them. A stream's slack starts at one
+     of text or for a slow reader are not counted: more GPU time would not help them. A stream's slack starts at one
      small chunk of audio, so every new stream counts as at risk for its first few steps; that is
      intended, since the start of playback is when an underrun is most likely. The budget is in
      positions, not requests, because a burst of short streaming prompts costs little: admitting
@@ -217,9 +218,19 @@ class Scheduler:
         request.num_text_tokens += num_tokens
         request.is_text_closed = request.is_text_closed or is_closed
         # schedule() has the final word (the batch may be full); this keeps the gauges current.
-        if request.status is RequestStatus.PARKED and request.has_text_for_next_frame:
+        if request.status is RequestStatus.PARKED and request.is_ready_to_decode:
             request.status = RequestStatus.RUNNING
         return True
+
+    def set_output_paused(self, request_id: str, is_paused: bool) -> None:
+        """Pause a request whose reader has fallen behind (it keeps its KV and slot, parked), or resume it.
+        Frames already made still reach the codec. Unknown or finished ids are ignored."""
+        request = self._requests.get(request_id)
+        if request is None or request.is_finished:
+            return
+        request.is_output_paused = is_paused
+        if request.status is RequestStatus.PARKED and request.is_ready_to_decode:
+            request.status = RequestStatus.RUNNING
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORTED) -> None:
         """Mark a request for removal at the next schedule(); unknown or finished ids are ignored."""
@@ -341,7 +352,7 @@ class Scheduler:
         ready: deque[Request] = deque()
         parked: list[Request] = []
         for request in self._admitted:
-            if request.has_text_for_next_frame and len(ready) < self.config.max_running:
+            if request.is_ready_to_decode and len(ready) < self.config.max_running:
                 ready.append(request)
             else:
                 request.status = RequestStatus.PARKED
@@ -387,7 +398,7 @@ class Scheduler:
         for request in [*self._preempted, *self._waiting]:
             if num_decodes + len(prefills) >= self.config.max_running:
                 break
-            if not request.has_text_for_next_frame:
+            if not request.is_ready_to_decode:
                 continue
             num_positions = request.num_prefill_positions
             if prefills and num_positions_this_step + num_positions > max_positions:
@@ -402,7 +413,7 @@ class Scheduler:
 
     def _is_playback_at_risk(self, now: float) -> bool:
         for request in self._admitted:
-            if not request.has_text_for_next_frame:
+            if not request.is_ready_to_decode:
                 continue
             slack = request.playback_slack_s(now, self.config.frame_duration_s)
             if slack is not None and slack < self.config.min_playback_slack_s:

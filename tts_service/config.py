@@ -44,6 +44,7 @@ class ServerConfig:
     max_audio_seconds: float = 120.0  # per request; also the default when a request sets none
     max_stream_seconds: float = 600.0  # a StreamingSynthesize call's whole life
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
+    max_unread_audio_seconds: float = 10.0  # a streamed call's audio its reader has not taken; then it pauses
     kv_blocks: int | None = None  # the KV cache's size in blocks; None sizes it from free GPU memory
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -63,7 +64,7 @@ class ServerConfig:
         if self.kv_blocks is not None:
             _require(self.kv_blocks >= 1, "kv_blocks", f"must be >= 1, got {self.kv_blocks}")
         for name in ("max_reference_audio_seconds", "max_audio_seconds", "max_stream_seconds",
-                     "stream_idle_timeout_seconds"):
+                     "stream_idle_timeout_seconds", "max_unread_audio_seconds"):
             _require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
         _require(self.drain_timeout_seconds >= 0, "drain_timeout_seconds",
                  f"must be >= 0, got {self.drain_timeout_seconds}")
@@ -130,6 +131,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("max-audio-seconds", float, "longest audio one request may generate (and the default)")
     add("max-stream-seconds", float, "longest StreamingSynthesize call")
     add("stream-idle-timeout-seconds", float, "longest wait for the next text of a StreamingSynthesize call")
+    add("max-unread-audio-seconds", float, "audio a streaming reader may leave unread before its request pauses")
     add("kv-blocks", int, "KV cache size in blocks (default: from free GPU memory)")
     add("tls-cert", Path, "PEM certificate chain of the server (enables TLS)")
     add("tls-key", Path, "PEM private key of the server")

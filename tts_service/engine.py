@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +67,8 @@ class SchedulingPolicy:
     codec_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 12)
     min_playback_slack_s: float = 0.5
     max_prefill_positions_at_risk: int = 256
+    # Audio a request's reader may leave unread before the request is paused (its memory stays bounded).
+    max_unread_audio_s: float = 10.0
 
     def scheduler_config(self, runner: ModelRunner) -> SchedulerConfig:
         if self.max_running > runner.config.max_num_slots:
@@ -107,12 +110,14 @@ class _Live:
 
 class Engine:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, prompts: PromptBuilder,
-                 tokenization: TextTokenization, clock: Clock = time.monotonic) -> None:
+                 tokenization: TextTokenization, clock: Clock = time.monotonic,
+                 max_unread_frames: int | None = None) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self.prompts = prompts
         self.tokenization = tokenization
         self.clock = clock
+        self._max_unread_frames = max_unread_frames  # None: a reader may fall behind without limit
         config = runner.model.config
         self._eos_code = config.talker.codec_eos_id
         self._tts_pad_id = config.tts_pad_token_id
@@ -136,7 +141,9 @@ class Engine:
         prompts = PromptBuilder.for_tokenizer(model.config, model.tokenizer)
         tokenization = TextTokenization.for_tokenizer(model.tokenizer,
                                                       lambda text: prompts.assistant_token_ids(text)[1])
-        return cls(runner, Scheduler(policy.scheduler_config(runner)), prompts, tokenization, clock)
+        max_unread_frames = math.ceil(policy.max_unread_audio_s * model.speech_config.frame_rate_hz)
+        return cls(runner, Scheduler(policy.scheduler_config(runner)), prompts, tokenization, clock,
+                   max_unread_frames)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -162,6 +169,11 @@ class Engine:
     def num_live_requests(self) -> int:
         return len(self._live)
 
+    def num_unread_frames(self, request_id: str) -> int:
+        """Frames of audio handed to the request's stream and not yet taken by its reader (0 once it ended)."""
+        live = self._live.get(request_id)
+        return live.stream.num_unread_frames if live is not None else 0
+
     # -- calls from the server ----------------------------------------------------------------
 
     def submit(self, request: SynthesisRequest) -> RequestStream:
@@ -171,7 +183,10 @@ class Engine:
             raise EngineStoppedError("the engine is not running")
         if request.request_id in self._live:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        live = _Live(request, RequestStream(request.request_id), self.clock())
+        request_id = request.request_id
+        stream = RequestStream(request_id, self._max_unread_frames,
+                               lambda is_backlogged: self._pause_output(request_id, is_backlogged))
+        live = _Live(request, stream, self.clock())
         if request.is_text_open:
             self.prompts.validate(request.synthesis, is_text_required=False)
             live.text = IncrementalTokenizer(self.tokenization)
@@ -207,6 +222,11 @@ class Engine:
             self._end(live, FinishReason.ABORTED)
             return
         self.scheduler.abort(request_id)
+        self._wake.set()
+
+    def _pause_output(self, request_id: str, is_paused: bool) -> None:
+        """The request's reader fell behind (pause it) or caught up (resume it)."""
+        self.scheduler.set_output_paused(request_id, is_paused)
         self._wake.set()
 
     # -- text ---------------------------------------------------------------------------------

@@ -88,7 +88,8 @@ def runner_config(config: ServerConfig, frame_rate_hz: float) -> RunnerConfig:
 
 
 def scheduling_policy(config: ServerConfig) -> SchedulingPolicy:
-    return SchedulingPolicy(max_running=config.max_concurrent, max_waiting=config.max_waiting)
+    return SchedulingPolicy(max_running=config.max_concurrent, max_waiting=config.max_waiting,
+                            max_unread_audio_s=config.max_unread_audio_seconds)
 
 
 def create_engine(model: LoadedModel, config: ServerConfig) -> Engine:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,11 +62,21 @@ class RequestStream:
 
     Ends normally for STOPPED, LENGTH and ABORTED; raises RequestFailed for ERROR, and the
     request's own exception (for example a PromptError when open text closes empty).
+
+    The stream counts the frames of audio put in and not yet taken out. When that backlog passes
+    `max_unread_frames` it calls `on_backlog(True)`, and `on_backlog(False)` once the reader has
+    taken it down to half, so that the engine can pause a request whose reader has fallen behind
+    instead of buffering its audio without bound.
     """
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, max_unread_frames: int | None = None,
+                 on_backlog: Callable[[bool], None] | None = None) -> None:
         self.request_id = request_id
         self.summary: SynthesisSummary | None = None
+        self.num_unread_frames = 0
+        self.is_backlogged = False
+        self._max_unread_frames = max_unread_frames
+        self._on_backlog = on_backlog
         self._is_done = False
         self._items: asyncio.Queue[AudioChunk | SynthesisSummary | Exception] = asyncio.Queue()
 
@@ -73,6 +84,15 @@ class RequestStream:
 
     def put_audio(self, chunk: AudioChunk) -> None:
         self._items.put_nowait(chunk)
+        self.num_unread_frames += chunk.num_frames
+        limit = self._max_unread_frames
+        if limit is not None and not self.is_backlogged and self.num_unread_frames > limit:
+            self._set_backlogged(True)
+
+    def _set_backlogged(self, is_backlogged: bool) -> None:
+        self.is_backlogged = is_backlogged
+        if self._on_backlog is not None:
+            self._on_backlog(is_backlogged)
 
     def finish(self, summary: SynthesisSummary) -> None:
         self._items.put_nowait(summary)
@@ -90,6 +110,10 @@ class RequestStream:
             raise StopAsyncIteration
         item = await self._items.get()
         if isinstance(item, AudioChunk):
+            self.num_unread_frames -= item.num_frames
+            limit = self._max_unread_frames
+            if self.is_backlogged and limit is not None and self.num_unread_frames <= limit // 2:
+                self._set_backlogged(False)
             return item
         self._is_done = True
         if isinstance(item, Exception):
