@@ -1,0 +1,160 @@
+"""Soak: 1,000 calls, 32 at a time, all three RPCs, random cancels and deadlines, against a server process.
+
+Every call must end OK or with the status its client caused (CANCELLED, DEADLINE_EXCEEDED); the
+engine's gauges and KV blocks must return to zero; the server's resident memory must stay flat
+(the second half of the run may not grow it by more than MAX_SECOND_HALF_GROWTH_MB).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from clients.qwen3_tts_client import AsyncTtsClient, Connection, Generation, Voice
+from tests.service.processes import ServerProcess, free_port, server_process
+
+NUM_CALLS = 1000
+CONCURRENCY = 32
+MAX_AUDIO_SECONDS = 0.24  # 3 frames: many short calls exercise admission, release and teardown
+MAX_SECOND_HALF_GROWTH_MB = 48.0
+RPCS = ("Synthesize", "SynthesizeOnline", "StreamingSynthesize")
+TEXTS = ("Hello there.", "A soak test sends many short requests.", "Numbers: one, two, three.",
+         "¿Qué tal? 你好，世界。", "Short.")
+RYAN = Voice(speaker="ryan", language="auto")
+GENERATION = Generation(max_audio_seconds=MAX_AUDIO_SECONDS)
+# What a client may cause: it cancelled, or its deadline passed.
+CLIENT_CAUSED = {"CANCELLED", "DEADLINE_EXCEEDED"}
+
+
+@pytest.fixture(scope="module")
+def soak_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, int]]:
+    metrics_port = free_port()
+    with server_process(tmp_path_factory.mktemp("soak"), "--metrics-port", str(metrics_port),
+                        "--max-concurrent", str(CONCURRENCY), "--max-waiting", str(2 * CONCURRENCY),
+                        "--max-audio-seconds", str(MAX_AUDIO_SECONDS), "--log-level", "WARNING") as server:
+        yield server, metrics_port
+
+
+def resident_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc status")
+
+
+def scrape(port: int, **labels: str) -> dict[str, float]:
+    """Totals of every sample in a scrape whose labels include `labels` (sums over the other labels)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if labels.items() <= sample.labels.items():
+                totals[sample.name] += sample.value
+    return dict(totals)
+
+
+async def one_call(client: AsyncTtsClient, index: int, plan: random.Random) -> str:
+    """One call as the plan draws it: its RPC, and whether the client cancels it or gives it a short deadline."""
+    rpc = RPCS[index % len(RPCS)]
+    text = TEXTS[index % len(TEXTS)]
+    draw = plan.random()
+    timeout = plan.uniform(0.02, 0.4) if draw < 0.1 else None
+    cancel_after = plan.uniform(0.0, 0.3) if 0.1 <= draw < 0.2 else None
+
+    async def run() -> None:
+        if rpc == "Synthesize":
+            response = await client.synthesize(text, RYAN, generation=GENERATION, timeout=timeout)
+            assert response.audio
+            return
+        if rpc == "SynthesizeOnline":
+            call = client.synthesize_online(text, RYAN, generation=GENERATION, timeout=timeout)
+        else:
+            call = client.streaming_synthesize([word + " " for word in text.split()], RYAN, generation=GENERATION,
+                                               timeout=timeout)
+        last = None
+        async for message in call:
+            last = message
+        assert last is not None and last.HasField("completion")
+
+    task = asyncio.ensure_future(run())
+    try:
+        if cancel_after is None:
+            await task
+        else:
+            done, _ = await asyncio.wait({task}, timeout=cancel_after)
+            if not done:
+                task.cancel()
+                with_cancel = await asyncio.gather(task, return_exceptions=True)
+                return "CANCELLED" if isinstance(with_cancel[0], asyncio.CancelledError) else "OK"
+            task.result()
+        return "OK"
+    except grpc.aio.AioRpcError as error:
+        return error.code().name
+
+
+def test_a_thousand_mixed_calls_with_cancels_and_deadlines_leave_nothing_behind(
+        soak_server: tuple[ServerProcess, int], report_figure: Callable[[str], None]) -> None:
+    server, metrics_port = soak_server
+    pid = server.process.pid
+    outcomes: Counter[str] = Counter()
+    memory: dict[int, float] = {}
+    plan = random.Random(7)
+
+    async def soak() -> None:
+        next_index = 0
+        async with AsyncTtsClient(Connection(target=server.target)) as client:
+
+            async def worker() -> None:
+                nonlocal next_index
+                while next_index < NUM_CALLS:
+                    index = next_index
+                    next_index += 1
+                    if index in (NUM_CALLS // 5, NUM_CALLS // 2, NUM_CALLS - 1):
+                        memory[index] = resident_mb(pid)
+                    outcomes[await one_call(client, index, plan)] += 1
+
+            await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+
+    started = time.monotonic()
+    asyncio.run(soak())
+    elapsed_s = time.monotonic() - started
+    unexpected = {status: count for status, count in outcomes.items() if status != "OK" and status not in CLIENT_CAUSED}
+    assert not unexpected, f"unexpected statuses: {unexpected}"
+    assert sum(outcomes.values()) == NUM_CALLS and outcomes["OK"] > NUM_CALLS // 2
+
+    # Nothing stays live. (A call cancelled or out of time before it reached the server is not counted there.)
+    def settled() -> dict[str, float]:
+        deadline = time.monotonic() + 30
+        while True:
+            totals = scrape(metrics_port)
+            if totals.get("qwen3_tts_requests_running") == 0 or time.monotonic() > deadline:
+                return totals
+            time.sleep(0.2)
+
+    totals = settled()
+    num_counted = totals["qwen3_tts_requests_total"]
+    assert outcomes["OK"] <= scrape(metrics_port, status="OK")["qwen3_tts_requests_total"] <= num_counted
+    assert num_counted <= NUM_CALLS
+    for gauge in ("qwen3_tts_requests_running", "qwen3_tts_requests_waiting", "qwen3_tts_requests_parked",
+                  "qwen3_tts_kv_blocks_used"):
+        assert totals[gauge] == 0, gauge
+    early, middle, late = (memory[index] for index in sorted(memory))
+    second_half_growth = late - middle
+    assert second_half_growth < MAX_SECOND_HALF_GROWTH_MB, memory
+    report_figure(
+        f"soak: {NUM_CALLS} calls, {CONCURRENCY} at a time, in {elapsed_s:.0f} s: "
+        + ", ".join(f"{count} {status}" for status, count in sorted(outcomes.items()))
+        + f"; unexpected errors 0; {num_counted:.0f} reached the server; server memory {early:.0f} MB at call "
+        f"{NUM_CALLS // 5}, {middle:.0f} MB at "
+        f"{NUM_CALLS // 2}, {late:.0f} MB at the end (second half {second_half_growth:+.1f} MB); "
+        "running, waiting, parked and KV blocks back to 0")
