@@ -106,8 +106,11 @@ class StepInput:
 
 @dataclass(frozen=True)
 class StepOutput:
-    prefill_frames: np.ndarray  # [num_prefills, G] int64, in StepInput order
+    prefill_frames: np.ndarray  # [num_prefills - len(failed_prefills), G] int64, in StepInput order
     decode_frames: np.ndarray  # [num_decodes, G] int64
+    # Prefills whose own inputs could not be built, by index in StepInput.prefills: those requests
+    # fail alone, the rest of the step runs without them.
+    failed_prefills: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -374,8 +377,7 @@ class ModelRunner:
         buffers.graphs[bucket].replay()
         return buffers.last_hidden[:len(embeds)]
 
-    def _prefill(self, prefills: tuple[PrefillInput, ...]) -> torch.Tensor:
-        embeds = [self._prefill_embeddings(item) for item in prefills]
+    def _prefill(self, prefills: tuple[PrefillInput, ...], embeds: list[torch.Tensor]) -> torch.Tensor:
         lengths = torch.tensor([e.shape[0] for e in embeds], dtype=torch.int64)
         block_tables = _block_tables([item.block_ids for item in prefills])
         bucket = self._prefill_bucket(len(prefills), int(lengths.max()))
@@ -404,17 +406,31 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> StepOutput:
+        prefills, embeds, failed = self._prefill_inputs(step.prefills)
         produced = []
-        if step.prefills:
-            produced.append(self._prefill(step.prefills))
+        if prefills:
+            produced.append(self._prefill(prefills, embeds))
         if step.decodes:
             produced.append(self._decode(step.decodes))
         if not produced:
             empty = np.zeros((0, self.num_groups), dtype=np.int64)
-            return StepOutput(empty, empty)
+            return StepOutput(empty, empty, failed)
         frames = torch.cat(produced).cpu().numpy()  # the step's one device-to-host copy
-        num_prefills = len(step.prefills)
-        return StepOutput(frames[:num_prefills], frames[num_prefills:])
+        return StepOutput(frames[:len(prefills)], frames[len(prefills):], failed)
+
+    def _prefill_inputs(self, items: tuple[PrefillInput, ...]
+                        ) -> tuple[tuple[PrefillInput, ...], list[torch.Tensor], dict[int, str]]:
+        """Each prefill's embeddings, built one request at a time so that one request's bad input (a voice
+        embedding of the wrong shape, say) fails that request alone."""
+        kept, embeds, failed = [], [], {}
+        for index, item in enumerate(items):
+            try:
+                embeds.append(self._prefill_embeddings(item))
+            except Exception as error:  # charged to this request by the caller
+                failed[index] = f"{type(error).__name__}: {error}"
+                continue
+            kept.append(item)
+        return tuple(kept), embeds, failed
 
     # -- audio --------------------------------------------------------------------------------
 

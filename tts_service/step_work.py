@@ -85,7 +85,13 @@ def compute_frames(runner: ModelRunner, work: StepWork, done: StepDone) -> StepD
 
 
 def _collect_frames(work: StepWork, output: StepOutput, done: StepDone) -> None:
-    for ids, frames in ((work.prefill_ids, output.prefill_frames), (work.decode_ids, output.decode_frames)):
+    for index, error in output.failed_prefills.items():
+        request_id = work.prefill_ids[index]
+        logger.error("prefill input failed for %s: %s", request_id, error)
+        done.errors[request_id] = f"prefill failed: {error}"
+    prefill_ids = [request_id for index, request_id in enumerate(work.prefill_ids)
+                   if index not in output.failed_prefills]
+    for ids, frames in ((prefill_ids, output.prefill_frames), (work.decode_ids, output.decode_frames)):
         for request_id, frame in zip(ids, frames, strict=True):
             done.frames[request_id] = frame
 
