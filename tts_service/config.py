@@ -36,6 +36,8 @@ class ServerConfig:
     host: str = "[::]"
     port: int = 50051  # 0: any free port
     metrics_port: int | None = None  # Prometheus metrics over HTTP on this port; None: no metrics endpoint
+    # grpc.health.v1 alone, in plaintext, on this port: for probes that cannot speak TLS (the kubelet's).
+    health_port: int | None = None
     max_text_chars: int = 4096
     max_concurrent: int = 128  # requests generating at once (the engine's slots and batch)
     max_waiting: int = 256  # queued requests before RESOURCE_EXHAUSTED
@@ -57,8 +59,11 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, "port", f"must be 0-65535, got {self.port}")
-        if self.metrics_port is not None:
-            _require(0 < self.metrics_port <= 65535, "metrics-port", f"must be 1-65535, got {self.metrics_port}")
+        for name in ("metrics_port", "health_port"):
+            port = getattr(self, name)
+            _require(port is None or 0 < port <= 65535, name, f"must be 1-65535, got {port}")
+        _require(self.health_port is None or self.health_port not in (self.port, self.metrics_port), "health_port",
+                 "must differ from --port and --metrics-port")
         for name in ("max_text_chars", "max_concurrent", "max_waiting", "max_message_bytes"):
             _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         if self.kv_blocks is not None:
@@ -123,6 +128,8 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("host", str, "address to listen on (default [::], every interface)")
     add("port", int, "port to listen on; 0 picks a free one (default 50051)")
     add("metrics-port", int, "port for Prometheus metrics over HTTP (/metrics); unset: none")
+    add("health-port", int, "port serving only grpc.health.v1 in plaintext, for probes that cannot use TLS; "
+                            "unset: none (health is always served on --port too)")
     add("max-text-chars", int, "most characters of text per request")
     add("max-concurrent", int, "requests generating at once")
     add("max-waiting", int, "queued requests beyond which new ones get RESOURCE_EXHAUSTED")

@@ -481,10 +481,19 @@ class TtsServer:
             self.port = self._server.add_insecure_port(config.address)
         else:
             self.port = self._server.add_secure_port(config.address, credentials)
+        # The kubelet's gRPC probes speak plaintext only: a TLS server can offer them health alone.
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port: int | None = None
+        if config.health_port is not None:
+            self._health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+            self.health_port = self._health_server.add_insecure_port(f"{config.host}:{config.health_port}")
 
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._server.start()
+        if self._health_server is not None:
+            await self._health_server.start()
         logger.info("listening on %s:%d (%s)", self.config.host, self.port, "TLS" if self.config.uses_tls else
                     "plaintext")
 
@@ -516,6 +525,8 @@ class TtsServer:
         """Drain, stop listening (cancelling what is left), then stop the engine."""
         await self.drain()
         await self._server.stop(grace=None)
+        if self._health_server is not None:
+            await self._health_server.stop(grace=None)
         runtime = self.service.runtime
         if runtime is not None:
             await runtime.engine.stop()

@@ -18,7 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.qwen3_tts_client import Connection, TtsClient, tts_pb2
 from clients.qwen3_tts_client.client import synthesize_request
+from clients.qwen3_tts_client.protocol import SERVICE_NAME, tts_pb2_grpc
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server
+from tests.service.processes import free_port
 from tts_service.model.checkpoint import LoadedModel
 
 API_KEY = "test-key-0123456789"
@@ -154,5 +156,23 @@ def test_mutual_tls_requires_a_client_certificate_signed_by_the_client_ca(tiny_m
                 pytest.raises(grpc.RpcError) as caught:
             client.list_voices(timeout=5)
         assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop()
+
+
+def test_a_tls_server_offers_plaintext_health_alone_on_its_health_port(tiny_models: dict[str, LoadedModel],
+                                                                      certificates: Certificates,
+                                                                      tmp_path: Path) -> None:
+    server = start_server(tiny_models["custom_voice"], host="localhost", health_port=free_port(),
+                          **_write(tmp_path, certificates))
+    try:
+        with grpc.insecure_channel(f"localhost:{server.server.health_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("", SERVICE_NAME):
+                reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as caught:
+                tts_pb2_grpc.TextToSpeechStub(channel).ListVoices(tts_pb2.ListVoicesRequest(), timeout=5)
+            assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
     finally:
         server.stop()
