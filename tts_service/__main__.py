@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, TypeVar
 
 from observability.logs import configure_logging
@@ -30,6 +30,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 logger = logging.getLogger("tts_service")
+
+
+def package_version() -> str:
+    try:
+        return version("qwen3-tts-service")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+source"
 
 
 def resolve_device(device: str) -> str:
@@ -87,7 +94,7 @@ def start_metrics(config: ServerConfig, runtime: Runtime) -> ServiceMetrics | No
     model = runtime.model
     mode = mode_label(model.config.model_type)
     metrics = ServiceMetrics(model.source, mode)
-    metrics.build_info.info({"version": version("qwen3-tts-service"), "model": model.source, "mode": mode,
+    metrics.build_info.info({"version": package_version(), "model": model.source, "mode": mode,
                              "dtype": str(model.talker.codec_head.weight.dtype).removeprefix("torch."),
                              "device": str(model.device)})
     start_http_server(config.metrics_port, addr=config.host, registry=metrics.registry)
@@ -104,7 +111,7 @@ def start_tracing(config: ServerConfig, runtime: Runtime) -> CallTracer | None:
 
     model = runtime.model
     logger.info("tracing: spans exported over OTLP/gRPC")
-    return CallTracer(otlp_provider(version("qwen3-tts-service")), model.source, mode_label(model.config.model_type))
+    return CallTracer(otlp_provider(package_version()), model.source, mode_label(model.config.model_type))
 
 
 async def serve(config: ServerConfig) -> int:
