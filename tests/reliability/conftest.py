@@ -1,8 +1,11 @@
-"""Reliability tests print their figures (requests, errors, memory growth) at the end of the run."""
+"""Reliability tests print their figures (requests, errors, memory growth) at the end of the run. They use
+the service tests' servers on the tiny models."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.service.conftest import base_server, client, custom_voice_server  # noqa: F401 (fixtures)
 
 _FIGURES: list[str] = []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clients.qwen3_tts_client import Generation, TtsClient, Voice, tts_pb2
-from tests.service.helpers import RYAN, RunningServer, start_server, wait_until
-from tts_service.model.checkpoint import LoadedModel
+from tests.service.helpers import RYAN, RunningServer, wait_until
 
 pb: Any = tts_pb2
 ALLOWED = {"OK", "INVALID_ARGUMENT"}
@@ -26,26 +25,6 @@ SHORT = Generation(temperature=0.0, max_audio_seconds=0.16)
 FUZZ_SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 statuses: Counter[str] = Counter()
-
-
-@pytest.fixture(scope="module")
-def server(tiny_models: dict[str, LoadedModel]) -> Iterator[RunningServer]:
-    running = start_server(tiny_models["custom_voice"])
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def clone_server(tiny_models: dict[str, LoadedModel]) -> Iterator[RunningServer]:
-    running = start_server(tiny_models["base"])
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> Iterator[TtsClient]:
-    with server.client() as tts:
-        yield tts
 
 
 def status_of(call: Callable[[], object]) -> str:
@@ -149,8 +128,8 @@ def test_fuzzed_streaming_message_sequences_get_ok_or_invalid_argument(client: T
 
 
 def test_after_the_fuzzing_the_server_serves_and_holds_nothing(
-        client: TtsClient, server: RunningServer, report_figure: Callable[[str], None]) -> None:
-    assert_still_serves(client, server)
+        client: TtsClient, custom_voice_server: RunningServer, report_figure: Callable[[str], None]) -> None:
+    assert_still_serves(client, custom_voice_server)
     assert statuses, "the fuzz tests ran first"
     report_figure("fuzzing: " + ", ".join(f"{count} {name}" for name, count in sorted(statuses.items()))
                   + "; no other status, the server serving afterwards")
@@ -169,7 +148,7 @@ ODD_TEXTS = {
 
 
 @pytest.mark.parametrize("case", ODD_TEXTS, ids=list(ODD_TEXTS))
-def test_odd_text_is_spoken_or_refused_naming_the_field(client: TtsClient, server: RunningServer,
+def test_odd_text_is_spoken_or_refused_naming_the_field(client: TtsClient, custom_voice_server: RunningServer,
                                                         case: str) -> None:
     text, expected = ODD_TEXTS[case]
     for name, call in (("Synthesize", lambda: client.synthesize(text, RYAN, generation=SHORT)),
@@ -179,17 +158,17 @@ def test_odd_text_is_spoken_or_refused_naming_the_field(client: TtsClient, serve
         with pytest.raises(grpc.RpcError) as caught:
             client.synthesize(text, RYAN, generation=SHORT)
         assert caught.value.details().startswith("text:")
-    assert_still_serves(client, server)
+    assert_still_serves(client, custom_voice_server)
 
 
 def test_a_message_over_the_size_limit_is_refused_by_grpc_and_the_server_goes_on(
-        server: RunningServer, client: TtsClient) -> None:
+        custom_voice_server: RunningServer, client: TtsClient) -> None:
     too_big = pb.SynthesizeRequest(text="Hi.", voice=pb.VoiceSelection(speaker="ryan",
                                                                          reference_audio=b"\x00" * (33 * 2**20)))
     with pytest.raises(grpc.RpcError) as caught:
         client.stub.Synthesize(too_big, timeout=30)
     assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert_still_serves(client, server)
+    assert_still_serves(client, custom_voice_server)
 
 
 # -- broken reference audio ---------------------------------------------------------------------------
@@ -213,11 +192,11 @@ REFERENCES = {
 
 
 @pytest.mark.parametrize("case", REFERENCES, ids=list(REFERENCES))
-def test_broken_reference_audio_is_cloned_or_refused_naming_the_field(clone_server: RunningServer,
+def test_broken_reference_audio_is_cloned_or_refused_naming_the_field(base_server: RunningServer,
                                                                       case: str) -> None:
     audio, allowed = REFERENCES[case]
     voice = Voice(reference_audio=audio, x_vector_only=True)
-    with clone_server.client() as client:
+    with base_server.client() as client:
         try:
             client.synthesize("Hello.", voice, generation=SHORT)
             status = "OK"
@@ -225,6 +204,6 @@ def test_broken_reference_audio_is_cloned_or_refused_naming_the_field(clone_serv
             status = error.code().name
             assert error.details().startswith("voice.reference_audio"), error.details()
         assert status in allowed
-        assert wait_until(lambda: clone_server.engine.num_live_requests == 0)
+        assert wait_until(lambda: base_server.engine.num_live_requests == 0)
         good = Voice(reference_audio=wav_bytes(1.0, 24000), x_vector_only=True)
         assert client.synthesize("Still cloning.", good, generation=SHORT).completion.usage.audio_frames == 2

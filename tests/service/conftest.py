@@ -1,4 +1,5 @@
-"""Fixtures: one server per test module on the tiny CustomVoice model, and a client for it."""
+"""Fixtures: one server per test module on the tiny CustomVoice model and one on the tiny Base (voice clone)
+model, each with a client."""
 
 from __future__ import annotations
 
@@ -23,3 +24,16 @@ def client(custom_voice_server: RunningServer) -> Iterator[TtsClient]:
     with custom_voice_server.client() as tts:
         yield tts
 
+
+
+@pytest.fixture(scope="module")
+def base_server(tiny_models: dict[str, LoadedModel]) -> Iterator[RunningServer]:
+    running = start_server(tiny_models["base"])
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def base_client(base_server: RunningServer) -> Iterator[TtsClient]:
+    with base_server.client() as tts:
+        yield tts

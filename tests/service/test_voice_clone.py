@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -11,9 +10,8 @@ import pytest
 import soundfile as sf
 
 from clients.qwen3_tts_client import AudioFormat, TtsClient, Voice, tts_pb2
-from tests.service.helpers import GREEDY, RunningServer, start_server
+from tests.service.helpers import GREEDY
 from tests.signals import sweep_signal
-from tts_service.model.checkpoint import LoadedModel
 
 pb = tts_pb2
 REFERENCE_TEXT = "A short reference sentence."
@@ -28,19 +26,6 @@ def wav_file(samples: np.ndarray, rate: int = 16000) -> bytes:
     buffer = io.BytesIO()
     sf.write(buffer, samples, rate, format="WAV", subtype="PCM_16")
     return buffer.getvalue()
-
-
-@pytest.fixture(scope="module")
-def base_server(tiny_models: dict[str, LoadedModel]) -> Iterator[RunningServer]:
-    running = start_server(tiny_models["base"])
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def base_client(base_server: RunningServer) -> Iterator[TtsClient]:
-    with base_server.client() as tts:
-        yield tts
 
 
 def audio(client: TtsClient, voice: Voice) -> np.ndarray:
