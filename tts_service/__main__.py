@@ -97,7 +97,7 @@ def start_metrics(config: ServerConfig, runtime: Runtime) -> ServiceMetrics | No
     metrics.build_info.info({"version": package_version(), "model": model.source, "mode": mode,
                              "dtype": str(model.talker.codec_head.weight.dtype).removeprefix("torch."),
                              "device": str(model.device)})
-    start_http_server(config.metrics_port, addr=config.host, registry=metrics.registry)
+    start_http_server(config.metrics_port, addr=config.bare_host, registry=metrics.registry)
     logger.info("metrics on http://%s:%d/metrics", config.host, config.metrics_port)
     return metrics
 

@@ -90,6 +90,11 @@ class ServerConfig:
         return f"{self.host}:{self.port}"
 
     @property
+    def bare_host(self) -> str:
+        """The host as socket APIs take it: an IPv6 address without gRPC's brackets ("[::]" -> "::")."""
+        return self.host.removeprefix("[").removesuffix("]")
+
+    @property
     def uses_tls(self) -> bool:
         return self.tls_cert is not None
 
