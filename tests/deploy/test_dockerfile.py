@@ -1,9 +1,11 @@
 """The Dockerfile agrees with the package and the chart: the entrypoint is the server's console script,
-every package is copied in, and the user, ports and model volume are the ones the chart expects.
+every package is copied in (and none is left out of the build context), the user, ports and model volume
+are the ones the chart expects, and the server's listeners can bind the image's default host.
 (No image is built here: CI has no Docker daemon.)"""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shlex
 import tomllib
@@ -11,7 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from tts_service.config import ServerConfig
+from tests.deploy.listeners import check_bindable
+from tts_service.config import ServerConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +38,16 @@ def arguments_of(keyword: str) -> list[str]:
 def environment() -> dict[str, str]:
     pairs = [pair for arguments in arguments_of("ENV") for pair in shlex.split(arguments)]
     return dict(pair.split("=", 1) for pair in pairs)
+
+
+def build_args() -> dict[str, str]:
+    """Each ARG's default ("" where it has none)."""
+    return {name: default for name, _, default in (arguments.partition("=") for arguments in arguments_of("ARG"))}
+
+
+def ignored_patterns() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def chart_values() -> dict:
@@ -72,3 +85,30 @@ def test_the_user_ports_and_model_volume_match_the_chart() -> None:
     (volume,) = arguments_of("VOLUME")
     assert json.loads(volume) == ["/models"]
     assert env["HF_HOME"].startswith("/models/")
+
+
+def test_the_image_runs_on_a_cuda_base_and_can_build_tritons_launcher() -> None:
+    (base,) = arguments_of("FROM")
+    image = build_args()["CUDA_IMAGE"] if base == "${CUDA_IMAGE}" else base
+    assert image.startswith("nvidia/cuda:")
+    # Triton (the fused kernels) compiles a C launcher on first use: a compiler and Python.h at run time.
+    (apt,) = [arguments for arguments in arguments_of("RUN") if "apt-get install" in arguments]
+    packages = set(apt.split())
+    assert {"gcc", "python3-dev", "libsndfile1"} <= packages
+
+
+def test_both_listeners_can_bind_the_host_the_image_gives_the_server() -> None:
+    env = {name: value for name, value in environment().items() if name.startswith("QWEN3_TTS_")}
+    config = load_config([], environ=env)
+    assert config.metrics_port is not None
+    check_bindable(config)
+
+
+def test_the_build_context_keeps_what_the_image_copies_and_drops_the_rest() -> None:
+    patterns = ignored_patterns()
+    sources = [name for arguments in arguments_of("COPY") for name in arguments.split()[:-1]]
+    assert "README.md" in sources  # the package's readme, which pip needs to build it
+    for source in sources:
+        assert not any(fnmatch.fnmatch(source, pattern) for pattern in patterns), source
+    for unwanted in (".git", ".venv-ci", ".whl", "tests", "benchmarks", "helm"):
+        assert any(fnmatch.fnmatch(unwanted, pattern) for pattern in patterns), unwanted
