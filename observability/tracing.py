@@ -23,10 +23,10 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from clients.qwen3_tts_client.protocol import SERVICE_NAME as GRPC_SERVICE
 from observability.calls import CallRecord
 
 DEFAULT_SERVICE_NAME = "qwen3-tts"
-RPC_SERVICE = "qwen3_tts.v1.TextToSpeech"
 ATTRIBUTE_PREFIX = "qwen3_tts."
 # The server's own faults; the others (bad input, cancels, the client's deadline) are the caller's.
 _SERVER_ERROR_STATUSES = frozenset({"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE",
@@ -66,8 +66,8 @@ class CallTracer:
         """The call's server span, a child of the caller's trace context if its metadata carries one."""
         carrier = {key: value for key, value in metadata if isinstance(value, str)}
         return self._tracer.start_span(
-            f"{RPC_SERVICE}/{record.rpc}", context=propagate.extract(carrier), kind=SpanKind.SERVER,
-            attributes={"rpc.system": "grpc", "rpc.service": RPC_SERVICE, "rpc.method": record.rpc,
+            f"{GRPC_SERVICE}/{record.rpc}", context=propagate.extract(carrier), kind=SpanKind.SERVER,
+            attributes={"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": record.rpc,
                         ATTRIBUTE_PREFIX + "request_id": record.request_id, **self._model_attributes})
 
     def end(self, span: Span, record: CallRecord, status: str) -> None:
