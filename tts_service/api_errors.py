@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -81,18 +82,27 @@ async def abort_with(context: grpc.aio.ServicerContext, error: ApiError) -> None
 
 @contextlib.asynccontextmanager
 async def answering_errors(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
-    """Ends the call with the status a known error maps to; anything else is INTERNAL, and logged."""
+    """Ends the call with the status a known error maps to; anything else is INTERNAL, and logged.
+
+    A call that ended under the handler (the client left, or its deadline passed) makes gRPC's next
+    write to it fail with grpc.aio.InternalError: there is nobody left to answer, so the handler
+    ends as a cancelled one does, quietly, instead of as a failure of the server.
+    """
     try:
-        yield
-    except grpc.aio.AbortError:
-        raise
-    except Exception as error:  # every failure of one call ends that call only
-        api_error = api_error_for(error)
-        if api_error is None:
-            logger.exception("failed")
-            api_error = ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
-        elif api_error.code is grpc.StatusCode.INTERNAL:
-            logger.error("failed: %s", error)
-        else:
-            logger.info("answered %s: %s", api_error.code.name, api_error.message)
-        await abort_with(context, api_error)
+        try:
+            yield
+        except (grpc.aio.AbortError, grpc.aio.InternalError):
+            raise
+        except Exception as error:  # every failure of one call ends that call only
+            api_error = api_error_for(error)
+            if api_error is None:
+                logger.exception("failed")
+                api_error = ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
+            elif api_error.code is grpc.StatusCode.INTERNAL:
+                logger.error("failed: %s", error)
+            else:
+                logger.info("answered %s: %s", api_error.code.name, api_error.message)
+            await abort_with(context, api_error)
+    except grpc.aio.InternalError as error:
+        logger.info("the call ended before it could be answered: %s", error)
+        raise asyncio.CancelledError from error

@@ -183,7 +183,9 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             status = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
             raise
         except (asyncio.CancelledError, GeneratorExit):
-            status = "CANCELLED"
+            # The call ended under the handler: the client went away, or its deadline passed.
+            remaining_s = context.time_remaining()
+            status = "DEADLINE_EXCEEDED" if remaining_s is not None and remaining_s <= 0 else "CANCELLED"
             raise
         finally:
             if self.metrics is not None:

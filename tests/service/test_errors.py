@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +14,8 @@ import pytest
 from clients.qwen3_tts_client import AudioFormat, Generation, TtsClient, Voice, tts_pb2
 from clients.qwen3_tts_client.client import streaming_config
 from tests.service.helpers import GREEDY, RYAN, RunningServer, wait_until
+from tts_service.api_errors import answering_errors
+from tts_service.prompts import PromptError
 
 pb = tts_pb2
 ONE_FRAME = Generation(temperature=0.0, max_audio_seconds=0.08)
@@ -108,3 +112,32 @@ def test_a_request_failing_inside_the_engine_gets_internal_and_the_server_goes_o
     assert "injected fault" not in caught.value.details()  # internals stay in the server's log
     assert has_failed.is_set()
     assert_still_serving(client)
+
+
+class _EndedCall:
+    """A call that has already ended under its handler: gRPC can no longer write anything to it."""
+
+    def __init__(self) -> None:
+        self.num_aborts = 0
+
+    async def abort(self, *args: object) -> None:
+        self.num_aborts += 1
+        raise grpc.aio.InternalError("Failed \"execute_batch\"")
+
+
+@pytest.mark.parametrize("failure", [grpc.aio.InternalError("Failed \"execute_batch\""),
+                                     PromptError("text", "must not be empty")])
+def test_a_call_that_ended_under_its_handler_ends_quietly_as_cancelled(
+        failure: Exception, caplog: pytest.LogCaptureFixture) -> None:
+    call = _EndedCall()
+
+    async def handler() -> None:
+        async with answering_errors(call):  # type: ignore[arg-type]
+            raise failure
+
+    with pytest.raises(asyncio.CancelledError), caplog.at_level(logging.INFO, logger="tts_service.server"):
+        asyncio.run(handler())
+    # A failed write is not answered again; a bad input still tries to answer (and finds the call gone).
+    assert call.num_aborts == (0 if isinstance(failure, grpc.aio.InternalError) else 1)
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert "the call ended before it could be answered" in caplog.text

@@ -92,3 +92,24 @@ def test_metrics_are_served_over_http(metered: tuple[RunningServer, ServiceMetri
         server.shutdown()
         thread.join(timeout=5)
     assert value(samples(metrics, text), "qwen3_tts_kv_blocks") > 0
+
+
+def test_calls_ended_by_their_deadline_or_a_cancel_are_counted_by_that_status(
+        metered: tuple[RunningServer, ServiceMetrics]) -> None:
+    running, metrics = metered
+
+    def count(status: str) -> float:
+        return sum(v for (name, labels), v in samples(metrics).items()
+                   if name == "qwen3_tts_requests_total" and ("status", status) in labels)
+
+    num_deadlines, num_cancels = count("DEADLINE_EXCEEDED"), count("CANCELLED")
+    with running.client() as client:
+        # Six frames take several times 50 ms on the CPU: the deadline passes while the call decodes.
+        with pytest.raises(grpc.RpcError) as caught:
+            client.synthesize("Hello there.", RYAN, generation=GREEDY, timeout=0.05)
+        assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        responses = client.synthesize_online("Hello again.", RYAN, generation=GREEDY)
+        next(responses)
+        responses.cancel()
+    assert wait_until(lambda: count("DEADLINE_EXCEEDED") == num_deadlines + 1
+                      and count("CANCELLED") == num_cancels + 1)
