@@ -201,10 +201,18 @@ class Scheduler:
             raise RequestTooLargeError(
                 f"request {request.request_id!r} needs {request.max_kv_positions} positions, "
                 f"a request may hold {max_positions}")
-        if self.num_waiting >= self.config.max_waiting:
-            raise QueueFullError(f"{self.num_waiting} requests are already waiting")
+        num_waiting = self._num_waiting_to_run()
+        if num_waiting >= self.config.max_waiting:
+            raise QueueFullError(f"{num_waiting} requests are already waiting")
         self._requests[request.request_id] = request
         self._waiting.append(request)
+
+    def _num_waiting_to_run(self) -> int:
+        """Waiting requests less those already aborted: they leave at the next schedule(), and clients
+        that give up fast (short deadlines) must not fill the queue with requests nobody waits for."""
+        num_leaving = sum(self._requests[request_id].status is RequestStatus.WAITING
+                          for request_id in self._abort_reasons)
+        return self.num_waiting - num_leaving
 
     def append_text(self, request_id: str, num_tokens: int, is_closed: bool = False) -> bool:
         """Record newly arrived trailing text tokens. Returns False when the request is gone or done."""

@@ -46,6 +46,19 @@ def test_add_raises_queue_full_at_max_waiting_and_accepts_again_after_admission(
     assert scheduler.num_waiting == 2
 
 
+def test_an_aborted_waiting_request_no_longer_counts_against_max_waiting() -> None:
+    scheduler = Scheduler(make_config(max_waiting=2))
+    scheduler.add(make_request("a"))
+    scheduler.add(make_request("b"))
+    scheduler.abort("a")  # released only at the next schedule(), but its client is gone
+    scheduler.add(make_request("c"))
+    with pytest.raises(QueueFullError, match="2 requests"):
+        scheduler.add(make_request("d"))
+    output, _ = run_step(scheduler)
+    assert [item.request_id for item in output.freed] == ["a"]
+    assert scheduler.num_waiting + scheduler.num_running == 2
+
+
 def test_add_rejects_a_request_that_could_not_fit_in_kv_even_alone() -> None:
     # 10 blocks of 4 positions = 40 positions; a request occupies prompt + max_frames - 1 positions.
     scheduler = Scheduler(make_config(num_kv_blocks=10, block_size=4))
