@@ -237,7 +237,12 @@ class AsyncTtsClient:
     def streaming_synthesize(self, fragments: AsyncIterable[str | Flush] | Iterable[str | Flush],
                              voice: Voice | None = None, audio_format: AudioFormat | None = None,
                              generation: Generation | None = None, timeout: float | None = None) -> Any:
-        """The call: `async for response in call`; fragments may be an async iterable (e.g. an LLM's tokens)."""
+        """The call: `async for response in call`; fragments may be an async iterable (e.g. an LLM's tokens).
+
+        When the call ends (its deadline, or an error from the server) while a fragment is being
+        written, grpc's asyncio client can report INTERNAL "Internal error from Core" instead of the
+        call's real status (grpc/grpc#36066); the blocking TtsClient reports the real one.
+        """
 
         async def requests() -> AsyncIterator[Any]:
             yield streaming_config(voice, audio_format, generation)

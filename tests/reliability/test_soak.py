@@ -19,6 +19,7 @@ import tracemalloc
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
@@ -37,18 +38,29 @@ MAX_AUDIO_SECONDS = 0.24  # 3 frames: many short calls exercise admission, relea
 MAX_LAST_PHASE_GROWTH_MB = 32.0
 MAX_PYTHON_HEAP_GROWTH_KB = 1024.0  # over NUM_HEAP_CALLS calls: under 2.6 KB a call
 NUM_HEAP_CALLS = 400
-# On the CPU, oneDNN caches a compiled primitive per new tensor shape (up to 1,024 of them), and 32
-# concurrent calls make many batch and prompt shapes: that bounded cache alone grew resident memory by
-# 35-56 MB per 400 calls in CI runs. It does not exist on the GPU, and it would hide a real leak, so the
-# soak's server runs without it.
-WITHOUT_CPU_KERNEL_CACHE = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
+# Resident memory should follow the server's live memory, so the soak's server runs without two caches
+# that hold freed memory and would hide a real leak. oneDNN caches a compiled CPU kernel per new tensor
+# shape (up to 1,024; the GPU server has no such cache): it alone grew resident memory by 35-56 MB per
+# 400 calls in CI runs. glibc's malloc raises its mmap threshold as large blocks are freed, and then
+# keeps such blocks in its heaps: with two servers sharing two cores, the last 400 calls moved resident
+# memory by +37 and +95 MB with that, and by +11 MB with fixed thresholds, which return every freed
+# block of 64 KB or more to the system at once.
+MEMORY_AS_LIVE = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0", "MALLOC_MMAP_THRESHOLD_": "65536",
+                  "MALLOC_TRIM_THRESHOLD_": "131072"}
 RPCS = ("Synthesize", "SynthesizeOnline", "StreamingSynthesize")
 TEXTS = ("Hello there.", "A soak test sends many short requests.", "Numbers: one, two, three.",
          "¿Qué tal? 你好，世界。", "Short.")
 RYAN = Voice(speaker="ryan", language="auto")
 GENERATION = Generation(max_audio_seconds=MAX_AUDIO_SECONDS)
+# grpc's asyncio client misreports a deadline that passes while a bidirectional call is writing a
+# request message: the failed write overwrites the call's status with INTERNAL "Internal error from
+# Core" (grpc/grpc#36066, open in grpcio 1.85). Only the client sees that status; what the server
+# answered is checked separately, from its own request counter.
+GRPC_FAILED_WRITE_DETAILS = "Internal error from Core"
+DEADLINE_MISREPORTED = "DEADLINE_EXCEEDED, seen as INTERNAL by grpc's client"
 # What a client may cause: it cancelled, or its deadline passed.
-CLIENT_CAUSED = {"CANCELLED", "DEADLINE_EXCEEDED"}
+CLIENT_CAUSED = {"CANCELLED", "DEADLINE_EXCEEDED", DEADLINE_MISREPORTED}
+SERVER_ANSWERS_CAUSED_BY_CLIENTS = {"CANCELLED", "DEADLINE_EXCEEDED"}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +69,7 @@ def soak_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serv
     with server_process(tmp_path_factory.mktemp("soak"), "--metrics-port", str(metrics_port),
                         "--max-concurrent", str(CONCURRENCY), "--max-waiting", str(2 * CONCURRENCY),
                         "--max-audio-seconds", str(MAX_AUDIO_SECONDS), "--log-level", "WARNING",
-                        env=WITHOUT_CPU_KERNEL_CACHE) as server:
+                        env=MEMORY_AS_LIVE) as server:
         yield server, metrics_port
 
 
@@ -66,6 +78,18 @@ def resident_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS in /proc status")
+
+
+def answered_statuses(port: int) -> Counter[str]:
+    """The server's count of the calls it ended, by status."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    statuses: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "qwen3_tts_requests_total":
+                statuses[sample.labels["status"]] += int(sample.value)
+    return statuses
 
 
 def scrape(port: int, **labels: str) -> dict[str, float]:
@@ -80,7 +104,13 @@ def scrape(port: int, **labels: str) -> dict[str, float]:
     return dict(totals)
 
 
-async def one_call(client: AsyncTtsClient, index: int, plan: random.Random) -> str:
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    detail: str = ""  # for a failed call: the RPC, what the client planned, and the status's message
+
+
+async def one_call(client: AsyncTtsClient, index: int, plan: random.Random) -> Outcome:
     """One call as the plan draws it: its RPC, and whether the client cancels it or gives it a short deadline."""
     rpc = RPCS[index % len(RPCS)]
     text = TEXTS[index % len(TEXTS)]
@@ -112,11 +142,15 @@ async def one_call(client: AsyncTtsClient, index: int, plan: random.Random) -> s
             if not done:
                 task.cancel()
                 with_cancel = await asyncio.gather(task, return_exceptions=True)
-                return "CANCELLED" if isinstance(with_cancel[0], asyncio.CancelledError) else "OK"
+                return Outcome("CANCELLED" if isinstance(with_cancel[0], asyncio.CancelledError) else "OK")
             task.result()
-        return "OK"
+        return Outcome("OK")
     except grpc.aio.AioRpcError as error:
-        return error.code().name
+        if (rpc == "StreamingSynthesize" and timeout is not None and error.code() is grpc.StatusCode.INTERNAL
+                and error.details() == GRPC_FAILED_WRITE_DETAILS):
+            return Outcome(DEADLINE_MISREPORTED)
+        return Outcome(error.code().name, f"{rpc} (timeout {timeout}, cancel after {cancel_after}): "
+                                          f"{error.code().name} {error.details()!r}")
 
 
 def test_a_thousand_mixed_calls_with_cancels_and_deadlines_leave_nothing_behind(
@@ -124,6 +158,7 @@ def test_a_thousand_mixed_calls_with_cancels_and_deadlines_leave_nothing_behind(
     server, metrics_port = soak_server
     pid = server.process.pid
     outcomes: Counter[str] = Counter()
+    unexpected: list[str] = []
     memory: dict[int, float] = {}
     plan = random.Random(7)
 
@@ -137,7 +172,10 @@ def test_a_thousand_mixed_calls_with_cancels_and_deadlines_leave_nothing_behind(
                 while next_index < end:
                     index = next_index
                     next_index += 1
-                    outcomes[await one_call(client, index, plan)] += 1
+                    outcome = await one_call(client, index, plan)
+                    outcomes[outcome.status] += 1
+                    if outcome.status != "OK" and outcome.status not in CLIENT_CAUSED:
+                        unexpected.append(outcome.detail)
 
             await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
         # Resident memory with requests in flight depends on how many there are; compare idle servers.
@@ -148,8 +186,8 @@ def test_a_thousand_mixed_calls_with_cancels_and_deadlines_leave_nothing_behind(
     for first, end in pairwise((0, NUM_CALLS // 5, NUM_CALLS // 2 + NUM_CALLS // 10, NUM_CALLS)):
         asyncio.run(phase(first, end))
     elapsed_s = time.monotonic() - started
-    unexpected = {status: count for status, count in outcomes.items() if status != "OK" and status not in CLIENT_CAUSED}
-    assert not unexpected, f"unexpected statuses: {unexpected}"
+    # The server logs warnings and errors only, so its log's tail says what went wrong there.
+    assert not unexpected, "\n".join(["unexpected statuses:", *unexpected, "the server's log:", server.log_tail()])
     assert sum(outcomes.values()) == NUM_CALLS and outcomes["OK"] > NUM_CALLS // 2
 
     # Nothing stays live. (A call cancelled or out of time before it reached the server is not counted there.)
@@ -163,6 +201,8 @@ def test_a_thousand_mixed_calls_with_cancels_and_deadlines_leave_nothing_behind(
 
     totals = settled()
     num_counted = totals["qwen3_tts_requests_total"]
+    statuses = answered_statuses(metrics_port)
+    assert set(statuses) <= {"OK", *SERVER_ANSWERS_CAUSED_BY_CLIENTS}, statuses
     assert outcomes["OK"] <= scrape(metrics_port, status="OK")["qwen3_tts_requests_total"] <= num_counted
     assert num_counted <= NUM_CALLS
     for gauge in ("qwen3_tts_requests_running", "qwen3_tts_requests_waiting", "qwen3_tts_requests_parked",
@@ -175,7 +215,9 @@ def test_a_thousand_mixed_calls_with_cancels_and_deadlines_leave_nothing_behind(
     report_figure(
         f"soak: {NUM_CALLS} calls, {CONCURRENCY} at a time, in {elapsed_s:.0f} s: "
         + ", ".join(f"{count} {status}" for status, count in sorted(outcomes.items()))
-        + f"; unexpected errors 0; {num_counted:.0f} reached the server; idle server memory {early:.0f} MB after "
+        + f"; unexpected errors 0; {num_counted:.0f} reached the server, which answered "
+        + ", ".join(f"{count} {status}" for status, count in sorted(statuses.items()))
+        + f"; idle server memory {early:.0f} MB after "
         f"{calls[0]} calls, {middle:.0f} MB after {calls[1]}, {late:.0f} MB after {calls[2]} "
         f"(last {calls[2] - calls[1]} calls: {last_phase_growth:+.1f} MB); "
         "running, waiting, parked and KV blocks back to 0")
@@ -192,7 +234,8 @@ def test_the_python_heap_of_a_server_stays_flat_across_hundreds_of_calls(
 
             async def gated(index: int) -> None:
                 async with gate:
-                    assert await one_call(client, index, random.Random(index)) in {"OK", *CLIENT_CAUSED}
+                    outcome = await one_call(client, index, random.Random(index))
+                    assert outcome.status in {"OK", *CLIENT_CAUSED}, outcome.detail
 
             await asyncio.gather(*(gated(index) for index in range(count)))
 
