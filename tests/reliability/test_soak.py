@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from clients.qwen3_tts_client import AsyncTtsClient, Connection, Generation, Voice
 from tests.service.helpers import start_server, wait_until
@@ -80,27 +81,28 @@ def resident_mb(pid: int) -> float:
     raise AssertionError("no VmRSS in /proc status")
 
 
-def answered_statuses(port: int) -> Counter[str]:
-    """The server's count of the calls it ended, by status."""
+def metric_samples(port: int) -> list[Sample]:
+    """Every sample of one scrape of the server's metrics endpoint."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def answered_statuses(port: int) -> Counter[str]:
+    """The server's count of the calls it ended, by status."""
     statuses: Counter[str] = Counter()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "qwen3_tts_requests_total":
-                statuses[sample.labels["status"]] += int(sample.value)
+    for sample in metric_samples(port):
+        if sample.name == "qwen3_tts_requests_total":
+            statuses[sample.labels["status"]] += int(sample.value)
     return statuses
 
 
 def scrape(port: int, **labels: str) -> dict[str, float]:
     """Totals of every sample in a scrape whose labels include `labels` (sums over the other labels)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
     totals: Counter[str] = Counter()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if labels.items() <= sample.labels.items():
-                totals[sample.name] += sample.value
+    for sample in metric_samples(port):
+        if labels.items() <= sample.labels.items():
+            totals[sample.name] += sample.value
     return dict(totals)
 
 
