@@ -13,6 +13,9 @@ def elapsed(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else end - start
 
 
+_ENDED_BY_TIME_OR_CLIENT = frozenset({"CANCELLED", "DEADLINE_EXCEEDED"})
+
+
 @dataclass(frozen=True)
 class RequestTimeline:
     """When a request reached each stage inside the engine, on the engine's clock (time.monotonic in the
@@ -58,7 +61,18 @@ class CallRecord:
     num_text_chars: int = 0
     voice_clone: tuple[float, float] | None = None  # monotonic start and end of the reference audio's encoding
     result: CallResult | None = None  # None when the call ended before the engine finished it
+    is_submitted: bool = False  # the engine took the request
     chunks_sent: list[ChunkArrival] = field(default_factory=list)
+
+    def finish_reason(self, status: str) -> str:
+        """How the request ended, for a call that ended with `status`: stopped, length, aborted or error;
+        "" for a request that never ran (refused before or at the engine's door).
+
+        A call that ends before its request does (the client left, a deadline passed) aborts the
+        request in the engine, so it is "aborted" although no summary comes back."""
+        if self.result is not None:
+            return self.result.finish_reason
+        return "aborted" if self.is_submitted and status in _ENDED_BY_TIME_OR_CLIENT else ""
 
     def add_chunk(self, offset_s: float) -> None:
         self.chunks_sent.append(ChunkArrival(time.monotonic(), offset_s))

@@ -113,8 +113,7 @@ class ServiceMetrics:
         """A finished call, with the name of the gRPC status it ended with."""
         labels = self._labels
         result = record.result
-        self.requests.labels(**labels, rpc=record.rpc, status=status,
-                             finish_reason=result.finish_reason if result is not None else "").inc()
+        self.requests.labels(**labels, rpc=record.rpc, status=status, finish_reason=record.finish_reason(status)).inc()
         end_to_end_s = time.monotonic() - record.started
         self.request_duration.labels(**labels).observe(end_to_end_s)
         underrun_s = record.underrun_s()

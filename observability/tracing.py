@@ -76,13 +76,15 @@ class CallTracer:
         code = grpc.StatusCode[status] if status in grpc.StatusCode.__members__ else grpc.StatusCode.UNKNOWN
         span.set_attributes({"rpc.grpc.status_code": code.value[0],
                              ATTRIBUTE_PREFIX + "text_length": record.num_text_chars})
+        finish_reason = record.finish_reason(status)
+        if finish_reason:
+            span.set_attribute(ATTRIBUTE_PREFIX + "finish_reason", finish_reason)
         context = trace.set_span_in_context(span)
         if record.voice_clone is not None:
             self._stage("voice_clone", context, to_epoch_ns(record.voice_clone[0]), to_epoch_ns(record.voice_clone[1]))
         result = record.result
         if result is not None:
-            span.set_attributes({ATTRIBUTE_PREFIX + "finish_reason": result.finish_reason,
-                                 ATTRIBUTE_PREFIX + "frames": result.num_frames,
+            span.set_attributes({ATTRIBUTE_PREFIX + "frames": result.num_frames,
                                  ATTRIBUTE_PREFIX + "input_tokens": result.num_input_tokens,
                                  ATTRIBUTE_PREFIX + "audio_seconds": result.audio_s})
             timeline = result.timeline

@@ -60,7 +60,7 @@ from tts_service.interceptors import AdmissionInterceptor, ApiKeyInterceptor, Se
 from tts_service.model.checkpoint import LoadedModel
 from tts_service.prompts import SynthesisInput, VoiceClone
 from tts_service.runner import RunnerConfig
-from tts_service.streams import RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.streams import RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.synthesize import EagerSynthesizer
 
 logger = logging.getLogger(__name__)
@@ -167,7 +167,11 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         record = CallRecord(rpc, uuid.uuid4().hex)
         async with self.calls.track(), self._observed(record, context), answering_errors(context):
             await context.send_initial_metadata(((REQUEST_ID_HEADER, record.request_id),))
-            yield record
+            try:
+                yield record
+            except RequestFailed as error:  # the engine's summary says how far the request got
+                self._finish_record(record, error.summary)
+                raise
 
     @contextlib.asynccontextmanager
     async def _observed(self, record: CallRecord, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -235,7 +239,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             runtime = self._runtime()
             prepared = await self._prepare(record, request.text, request.voice, request.generation,
                                            request.audio_format)
-            stream = self._submit(runtime, prepared, context, is_text_open=False)
+            stream = self._submit(runtime, prepared, record, context, is_text_open=False)
             try:
                 waveform, summary = await stream.collect()
             finally:
@@ -255,7 +259,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             runtime = self._runtime()
             prepared = await self._prepare(record, request.text, request.voice, request.generation,
                                            request.audio_format)
-            stream = self._submit(runtime, prepared, context, is_text_open=False)
+            stream = self._submit(runtime, prepared, record, context, is_text_open=False)
             try:
                 async for message in self._audio_messages(stream, prepared.output, pb.SynthesizeOnlineResponse,
                                                           record):
@@ -292,7 +296,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             started = time.monotonic()
             config = await self._first_config(request_iterator)
             prepared = await self._prepare(record, "", config.voice, config.generation, config.audio_format)
-            stream = self._submit(runtime, prepared, context, is_text_open=True,
+            stream = self._submit(runtime, prepared, record, context, is_text_open=True,
                                   max_seconds=self.config.max_stream_seconds)
             outbox: asyncio.Queue[Any] = asyncio.Queue()
             reader = asyncio.create_task(self._read_text(request_iterator, runtime.engine, record, outbox, started))
@@ -411,14 +415,17 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         finally:
             record.voice_clone = (started, time.monotonic())
 
-    def _submit(self, runtime: Runtime, prepared: PreparedRequest, context: grpc.aio.ServicerContext,
-                is_text_open: bool, max_seconds: float | None = None) -> RequestStream:
+    def _submit(self, runtime: Runtime, prepared: PreparedRequest, record: CallRecord,
+                context: grpc.aio.ServicerContext, is_text_open: bool,
+                max_seconds: float | None = None) -> RequestStream:
         """Queue the request; its engine deadline is the call's deadline (or the stream's limit), if any."""
         engine = runtime.engine
         limits = [seconds for seconds in (context.time_remaining(), max_seconds) if seconds is not None]
         deadline = engine.clock() + min(limits) if limits else None
-        return engine.submit(SynthesisRequest(prepared.request_id, prepared.synthesis, prepared.params,
-                                              is_text_open=is_text_open, deadline=deadline))
+        stream = engine.submit(SynthesisRequest(prepared.request_id, prepared.synthesis, prepared.params,
+                                                is_text_open=is_text_open, deadline=deadline))
+        record.is_submitted = True
+        return stream
 
     def _completion(self, summary: SynthesisSummary) -> Any:
         speech = self._runtime().model.speech_config

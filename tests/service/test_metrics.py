@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -94,15 +96,19 @@ def test_metrics_are_served_over_http(metered: tuple[RunningServer, ServiceMetri
     assert value(samples(metrics, text), "qwen3_tts_kv_blocks") > 0
 
 
-def test_calls_ended_by_their_deadline_or_a_cancel_are_counted_by_that_status(
+def requests_by_status_and_finish_reason(metrics: ServiceMetrics) -> Counter[tuple[str, str]]:
+    counts: Counter[tuple[str, str]] = Counter()
+    for (name, labels), count in samples(metrics).items():
+        if name == "qwen3_tts_requests_total":
+            found = dict(labels)
+            counts[found["status"], found["finish_reason"]] += int(count)
+    return counts
+
+
+def test_calls_ended_by_their_deadline_or_a_cancel_count_as_such_with_their_requests_aborted(
         metered: tuple[RunningServer, ServiceMetrics]) -> None:
     running, metrics = metered
-
-    def count(status: str) -> float:
-        return sum(v for (name, labels), v in samples(metrics).items()
-                   if name == "qwen3_tts_requests_total" and ("status", status) in labels)
-
-    num_deadlines, num_cancels = count("DEADLINE_EXCEEDED"), count("CANCELLED")
+    before = requests_by_status_and_finish_reason(metrics)
     with running.client() as client:
         # Six frames take several times 50 ms on the CPU: the deadline passes while the call decodes.
         with pytest.raises(grpc.RpcError) as caught:
@@ -111,5 +117,20 @@ def test_calls_ended_by_their_deadline_or_a_cancel_are_counted_by_that_status(
         responses = client.synthesize_online("Hello again.", RYAN, generation=GREEDY)
         next(responses)
         responses.cancel()
-    assert wait_until(lambda: count("DEADLINE_EXCEEDED") == num_deadlines + 1
-                      and count("CANCELLED") == num_cancels + 1)
+    expected = {("DEADLINE_EXCEEDED", "aborted"): 1, ("CANCELLED", "aborted"): 1}
+    assert wait_until(lambda: requests_by_status_and_finish_reason(metrics) - before == expected)
+
+
+def test_a_call_whose_request_failed_in_the_engine_counts_as_internal_with_finish_reason_error(
+        metered: tuple[RunningServer, ServiceMetrics], monkeypatch: pytest.MonkeyPatch) -> None:
+    running, metrics = metered
+    before = requests_by_status_and_finish_reason(metrics)
+
+    def fail(step: Any) -> Any:
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(running.engine.runner, "execute", fail)
+    with running.client() as client, pytest.raises(grpc.RpcError) as caught:
+        client.synthesize("Hello there.", RYAN, generation=GREEDY)
+    assert caught.value.code() is grpc.StatusCode.INTERNAL
+    assert wait_until(lambda: requests_by_status_and_finish_reason(metrics) - before == {("INTERNAL", "error"): 1})
