@@ -69,6 +69,8 @@ pb: Any = tts_pb2
 REQUEST_ID_HEADER = "x-request-id"
 # Prompt positions beyond the generated frames: chat template, codec tags, speaker slot.
 _PROMPT_OVERHEAD_POSITIONS = 64
+# Flush acks a bidirectional call may hold unsent before the server stops reading its messages.
+_MAX_UNSENT_FLUSH_ACKS = 64
 _MODEL_MODES = {
     "custom_voice": pb.MODEL_MODE_CUSTOM_VOICE, "voice_design": pb.MODEL_MODE_VOICE_DESIGN,
     "base": pb.MODEL_MODE_VOICE_CLONE,
@@ -298,10 +300,12 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             prepared = await self._prepare(record, "", config.voice, config.generation, config.audio_format)
             stream = self._submit(runtime, prepared, record, context, is_text_open=True,
                                   max_seconds=self.config.max_stream_seconds)
-            outbox: asyncio.Queue[Any] = asyncio.Queue()
-            reader = asyncio.create_task(self._read_text(request_iterator, runtime.engine, record, outbox, started))
+            # Bounded: a client that sends flushes and reads nothing is no longer read from once its acks
+            # fill this, so gRPC's flow control holds it back instead of the server queueing acks.
+            acks: asyncio.Queue[Any] = asyncio.Queue(maxsize=_MAX_UNSENT_FLUSH_ACKS)
+            reader = asyncio.create_task(self._read_text(request_iterator, runtime.engine, record, acks, started))
             try:
-                async for message in self._merged(stream, prepared.output, outbox, record):
+                async for message in self._merged(stream, prepared.output, acks, reader, record):
                     yield message
             finally:
                 reader.cancel()
@@ -320,8 +324,9 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         return first.config
 
     async def _read_text(self, request_iterator: AsyncIterator[Any], engine: Engine, record: CallRecord,
-                         outbox: asyncio.Queue[Any], started: float) -> None:
-        """Request messages -> the engine's open text, until half-close; a protocol error ends the call."""
+                         acks: asyncio.Queue[Any], started: float) -> None:
+        """Request messages -> the engine's open text, until half-close. A protocol error aborts the request
+        and ends this task with the error, which ends the call."""
         request_id = record.request_id
         try:
             while True:
@@ -343,40 +348,52 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                         raise invalid("text", f"the streamed text exceeds {self.config.max_text_chars} characters")
                     engine.append_text(request_id, message.text)
                 elif kind == "flush":
-                    outbox.put_nowait(pb.StreamingSynthesizeResponse(flush_ack=pb.FlushAck(marker=message.flush.marker)))
+                    await acks.put(pb.StreamingSynthesizeResponse(flush_ack=pb.FlushAck(marker=message.flush.marker)))
                 elif kind == "config":
                     raise invalid("config", "only the first message may carry the config")
                 else:
                     raise invalid("request", "every message after the config carries text or a flush")
-        except Exception as error:  # ends the call: the writer raises what it finds in the outbox
-            outbox.put_nowait(error)
+        except Exception:
             engine.abort(request_id)
+            raise
 
-    async def _merged(self, stream: RequestStream, output: OutputFormat, outbox: asyncio.Queue[Any],
-                      record: CallRecord) -> AsyncIterator[Any]:
-        """Audio messages and flush acks in the order they arose; an error from the reader ends the call."""
-        pump = asyncio.create_task(self._pump(stream, output, outbox, record))
+    async def _merged(self, stream: RequestStream, output: OutputFormat, acks: asyncio.Queue[Any],
+                      reader: asyncio.Task[None], record: CallRecord) -> AsyncIterator[Any]:
+        """Audio messages and flush acks in the order they arose, each taken only when the call can send it:
+        audio left in the engine's stream is what pauses a request whose client stops reading. An error of
+        the reader (reported before the abort it causes) ends the call."""
+        audio = self._audio_messages(stream, output, pb.StreamingSynthesizeResponse, record)
+        next_audio: asyncio.Future[Any] = asyncio.ensure_future(anext(audio))
+        next_ack: asyncio.Future[Any] = asyncio.ensure_future(acks.get())
+        watched: set[asyncio.Future[Any]] = {next_audio, next_ack, reader}
         try:
             while True:
-                item = await outbox.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.HasField("completion"):
-                    return
+                done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if reader in done:
+                    watched.discard(reader)
+                    reader.result()  # raises the reader's error; a half-close just ends the reading
+                if next_ack in done:
+                    yield next_ack.result()
+                    watched.discard(next_ack)
+                    next_ack = asyncio.ensure_future(acks.get())
+                    watched.add(next_ack)
+                if next_audio in done:
+                    message = next_audio.result()
+                    if message.HasField("completion") and message.completion.finish_reason == pb.FINISH_REASON_ABORTED:
+                        # Not the client (it would be gone) nor a protocol error (reported first): the time limit.
+                        raise self._stream_too_long_error()
+                    yield message
+                    if message.HasField("completion"):
+                        return
+                    watched.discard(next_audio)
+                    next_audio = asyncio.ensure_future(anext(audio))
+                    watched.add(next_audio)
         finally:
-            pump.cancel()
-
-    async def _pump(self, stream: RequestStream, output: OutputFormat, outbox: asyncio.Queue[Any],
-                    record: CallRecord) -> None:
-        try:
-            async for message in self._audio_messages(stream, output, pb.StreamingSynthesizeResponse, record):
-                if message.HasField("completion") and message.completion.finish_reason == pb.FINISH_REASON_ABORTED:
-                    # Not the client (it would be gone) nor a protocol error (reported first): the time limit.
-                    raise self._stream_too_long_error()
-                outbox.put_nowait(message)
-        except Exception as error:
-            outbox.put_nowait(error)
+            next_audio.cancel()
+            next_ack.cancel()
+            # The audio generator may be inside a step in its task: let that task end before closing it.
+            await asyncio.gather(next_audio, next_ack, return_exceptions=True)
+            await audio.aclose()
 
     def _idle_error(self) -> ApiError:
         return ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no text arrived for "

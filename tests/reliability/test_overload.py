@@ -1,23 +1,26 @@
-"""Overload: calls beyond the waiting limit are refused at once, admitted ones finish, and a reader that
-stops reading pauses its request instead of making the server buffer its audio."""
+"""Overload: calls beyond the waiting limit are refused at once, admitted ones finish, a reader that stops
+reading pauses its request instead of making the server buffer its audio, and a client that floods a
+bidirectional call with flushes is held back instead of making the server queue their acks."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import pytest
 
 from clients.qwen3_tts_client import AsyncTtsClient, AudioFormat, Connection, Generation
-from clients.qwen3_tts_client.client import synthesize_request
-from clients.qwen3_tts_client.protocol import tts_pb2_grpc
+from clients.qwen3_tts_client.client import streaming_config, synthesize_request
+from clients.qwen3_tts_client.protocol import tts_pb2, tts_pb2_grpc
 from tests.service.helpers import RYAN, RunningServer, start_server, wait_until
 from tts_service.engine import Engine
 from tts_service.model.checkpoint import LoadedModel
 
 FRAME_S = 0.08
+pb: Any = tts_pb2
 
 
 @pytest.fixture(scope="module")
@@ -64,17 +67,27 @@ def test_calls_beyond_the_waiting_limit_are_refused_at_once_and_the_admitted_fin
                   f"in at most {max(refused) * 1e3:.0f} ms")
 
 
+def _start_call(stub: tts_pb2_grpc.TextToSpeechStub, rpc: str, text: str, audio_format: AudioFormat,
+                generation: Generation) -> Any:
+    """A SynthesizeOnline call, or a StreamingSynthesize call that sends `text` and half-closes."""
+    if rpc == "SynthesizeOnline":
+        return stub.SynthesizeOnline(synthesize_request(text, RYAN, audio_format, generation))
+    return stub.StreamingSynthesize(iter([streaming_config(RYAN, audio_format, generation),
+                                          pb.StreamingSynthesizeRequest(text=text)]))
+
+
+@pytest.mark.parametrize("rpc", ["SynthesizeOnline", "StreamingSynthesize"])
 def test_a_reader_that_stops_reading_pauses_its_request_with_bounded_audio_held(
-        small_server: RunningServer, report_figure: Callable[[str], None]) -> None:
+        small_server: RunningServer, rpc: str, report_figure: Callable[[str], None]) -> None:
     engine = small_server.engine
     num_frames = 100  # 8 s of 48 kHz PCM16: 770 kB, more than gRPC's flow-control window lets through
 
     async def stalled_reader() -> tuple[int, int, int]:
         # Without BDP probing the client's HTTP/2 window stays at its initial 64 KiB instead of growing.
         async with grpc.aio.insecure_channel(small_server.target, options=[("grpc.http2.bdp_probe", 0)]) as channel:
-            call = tts_pb2_grpc.TextToSpeechStub(channel).SynthesizeOnline(synthesize_request(
-                "Read me slowly, please.", RYAN, AudioFormat("pcm16", 48000),
-                Generation(temperature=0.0, max_audio_seconds=num_frames * FRAME_S)))
+            call = _start_call(tts_pb2_grpc.TextToSpeechStub(channel), rpc, "Read me slowly, please.",
+                               AudioFormat("pcm16", 48000),
+                               Generation(temperature=0.0, max_audio_seconds=num_frames * FRAME_S))
             request_id = dict(await call.initial_metadata())["x-request-id"]
             messages = call.__aiter__()
             await anext(messages)
@@ -97,8 +110,55 @@ def test_a_reader_that_stops_reading_pauses_its_request_with_bounded_audio_held(
     # In the engine's stream: at most the limit (5 frames) plus one codec chunk (12 frames).
     assert held <= 5 + 12
     assert num_audio_bytes > 0
-    report_figure(f"slow reader: paused after {frames_when_paused} of {num_frames} frames with {held} unread frames "
-                  "held by the engine (limit 5 + one chunk); the rest delivered once it read again")
+    report_figure(f"slow reader ({rpc}): paused after {frames_when_paused} of {num_frames} frames with {held} "
+                  "unread frames held by the engine (limit 5 + one chunk); the rest delivered once it read again")
+
+
+def test_a_client_that_sends_flushes_and_reads_nothing_is_held_back_and_loses_no_ack(
+        small_server: RunningServer, report_figure: Callable[[str], None]) -> None:
+    # Each flush is answered with its 1 KB marker. If the server queued acks without bound it would read
+    # all of them; bounded, it stops reading once its unsent acks and both directions' HTTP/2 windows are
+    # full, and the client's writes stall far earlier.
+    num_flushes = 60_000
+    markers = [f"{index:06d}" + "x" * 1000 for index in range(num_flushes)]
+    # More audio than "Hello there." covers: the request parks for text (it cannot end) until the half-close.
+    generation = Generation(temperature=0.0, max_audio_seconds=1.0)
+
+    async def flood() -> tuple[int, list[str], Any]:
+        async with grpc.aio.insecure_channel(small_server.target) as channel:
+            call = tts_pb2_grpc.TextToSpeechStub(channel).StreamingSynthesize()
+            await call.write(streaming_config(RYAN, AudioFormat(), generation))
+            await call.write(pb.StreamingSynthesizeRequest(text="Hello there."))
+            num_written = 0
+
+            async def write_all() -> None:
+                nonlocal num_written
+                for marker in markers:
+                    await call.write(pb.StreamingSynthesizeRequest(flush=pb.Flush(marker=marker)))
+                    num_written += 1
+                await call.done_writing()
+
+            writer = asyncio.create_task(write_all())
+            num_seen = -1
+            while num_written != num_seen:  # until the writes stall for a whole second
+                num_seen = num_written
+                await asyncio.sleep(1.0)
+            assert not writer.done(), "every flush was taken while nothing was read"
+            acks, last = [], None
+            async for message in call:
+                if message.HasField("flush_ack"):
+                    acks.append(message.flush_ack.marker)
+                last = message
+            await writer
+            return num_seen, acks, last
+
+    num_taken, acks, last = asyncio.run(flood())
+    assert num_taken < num_flushes // 2
+    assert acks == markers
+    assert last is not None and last.HasField("completion")
+    assert wait_until(lambda: small_server.engine.num_live_requests == 0)
+    report_figure(f"flush flood: a client that read nothing could send {num_taken} flushes of 1 KB before its writes "
+                  f"stalled; once it read, all {num_flushes} acks arrived in order")
 
 
 def _is_paused(engine: Engine, request_id: str) -> bool:
