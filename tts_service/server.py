@@ -310,6 +310,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             finally:
                 reader.cancel()
                 runtime.engine.abort(record.request_id)
+                # The call's outcome is decided; a reader error that lost the race to it is dropped here.
+                await asyncio.gather(reader, return_exceptions=True)
 
     async def _first_config(self, request_iterator: AsyncIterator[Any]) -> Any:
         try:
