@@ -5,7 +5,8 @@ codes, audio chunks become encoded bytes. The engine owns scheduling. Around the
 the standard gRPC health service (NOT_SERVING until the engine runs, and again while draining),
 server reflection (so grpcurl needs no .proto), an API-key check and an admission check that
 answers UNAVAILABLE while the server is starting or draining (`interceptors.py`). Which status an
-error becomes is `api_errors.py`; how messages become engine terms and back is `api_messages.py`.
+error becomes is `api_errors.py`; how messages become engine terms and back is `api_messages.py`;
+the bidirectional call's reading, flush acks and limits are `text_call.py`.
 
 Every engine call happens on the event loop's thread, as the engine requires: gRPC's asyncio
 server runs every handler there. Voice cloning (audio decoding, the speaker and codec encoders)
@@ -20,7 +21,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from observability.calls import CallRecord, CallResult
 from observability.logs import bind_call
 from observability.metrics import LiveState, ServiceMetrics
 from observability.tracing import CallTracer, trace_id_of
-from tts_service.api_errors import ApiError, answering_errors, invalid
+from tts_service.api_errors import ApiError, answering_errors
 from tts_service.api_messages import (
     ENCODING_NUMBERS,
     ChunkEncoder,
@@ -62,6 +63,7 @@ from tts_service.prompts import SynthesisInput, VoiceClone
 from tts_service.runner import RunnerConfig
 from tts_service.streams import RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.synthesize import EagerSynthesizer
+from tts_service.text_call import TextCall, first_config
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +71,6 @@ pb: Any = tts_pb2
 REQUEST_ID_HEADER = "x-request-id"
 # Prompt positions beyond the generated frames: chat template, codec tags, speaker slot.
 _PROMPT_OVERHEAD_POSITIONS = 64
-# Flush acks a bidirectional call may hold unsent before the server stops reading its messages.
-_MAX_UNSENT_FLUSH_ACKS = 64
 _MODEL_MODES = {
     "custom_voice": pb.MODEL_MODE_CUSTOM_VOICE, "voice_design": pb.MODEL_MODE_VOICE_DESIGN,
     "base": pb.MODEL_MODE_VOICE_CLONE,
@@ -270,7 +270,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                 runtime.engine.abort(record.request_id)
 
     async def _audio_messages(self, stream: RequestStream, output: OutputFormat, message_type: Any,
-                              record: CallRecord) -> AsyncIterator[Any]:
+                              record: CallRecord) -> AsyncGenerator[Any, None]:
         """The stream's audio as response messages; the last one carries the completion."""
         encoder = ChunkEncoder(output)
         async for piece in stream:
@@ -296,114 +296,14 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         async with self._call("StreamingSynthesize", context) as record:
             runtime = self._runtime()
             started = time.monotonic()
-            config = await self._first_config(request_iterator)
+            config = await first_config(request_iterator, self.config)
             prepared = await self._prepare(record, "", config.voice, config.generation, config.audio_format)
             stream = self._submit(runtime, prepared, record, context, is_text_open=True,
                                   max_seconds=self.config.max_stream_seconds)
-            # Bounded: a client that sends flushes and reads nothing is no longer read from once its acks
-            # fill this, so gRPC's flow control holds it back instead of the server queueing acks.
-            acks: asyncio.Queue[Any] = asyncio.Queue(maxsize=_MAX_UNSENT_FLUSH_ACKS)
-            reader = asyncio.create_task(self._read_text(request_iterator, runtime.engine, record, acks, started))
-            try:
-                async for message in self._merged(stream, prepared.output, acks, reader, record):
-                    yield message
-            finally:
-                reader.cancel()
-                runtime.engine.abort(record.request_id)
-                # The call's outcome is decided; a reader error that lost the race to it is dropped here.
-                await asyncio.gather(reader, return_exceptions=True)
-
-    async def _first_config(self, request_iterator: AsyncIterator[Any]) -> Any:
-        try:
-            first = await asyncio.wait_for(anext(request_iterator), self.config.stream_idle_timeout_seconds)
-        except StopAsyncIteration:
-            raise invalid("config", "the request stream ended before its first message, the config") from None
-        except TimeoutError:
-            raise self._idle_error() from None
-        if first.WhichOneof("request") != "config":
-            raise invalid("config", "the first message must carry the config (voice, audio format, generation), "
-                                    "and only the config")
-        return first.config
-
-    async def _read_text(self, request_iterator: AsyncIterator[Any], engine: Engine, record: CallRecord,
-                         acks: asyncio.Queue[Any], started: float) -> None:
-        """Request messages -> the engine's open text, until half-close. A protocol error aborts the request
-        and ends this task with the error, which ends the call."""
-        request_id = record.request_id
-        try:
-            while True:
-                remaining_s = self.config.max_stream_seconds - (time.monotonic() - started)
-                if remaining_s <= 0:
-                    raise self._stream_too_long_error()
-                timeout = min(self.config.stream_idle_timeout_seconds, remaining_s)
-                try:
-                    message = await asyncio.wait_for(anext(request_iterator), timeout)
-                except StopAsyncIteration:
-                    engine.close_text(request_id)
-                    return
-                except TimeoutError:
-                    raise (self._idle_error() if timeout < remaining_s else self._stream_too_long_error()) from None
-                kind = message.WhichOneof("request")
-                if kind == "text":
-                    record.num_text_chars += len(message.text)
-                    if record.num_text_chars > self.config.max_text_chars:
-                        raise invalid("text", f"the streamed text exceeds {self.config.max_text_chars} characters")
-                    engine.append_text(request_id, message.text)
-                elif kind == "flush":
-                    await acks.put(pb.StreamingSynthesizeResponse(flush_ack=pb.FlushAck(marker=message.flush.marker)))
-                elif kind == "config":
-                    raise invalid("config", "only the first message may carry the config")
-                else:
-                    raise invalid("request", "every message after the config carries text or a flush")
-        except Exception:
-            engine.abort(request_id)
-            raise
-
-    async def _merged(self, stream: RequestStream, output: OutputFormat, acks: asyncio.Queue[Any],
-                      reader: asyncio.Task[None], record: CallRecord) -> AsyncIterator[Any]:
-        """Audio messages and flush acks in the order they arose, each taken only when the call can send it:
-        audio left in the engine's stream is what pauses a request whose client stops reading. An error of
-        the reader (reported before the abort it causes) ends the call."""
-        audio = self._audio_messages(stream, output, pb.StreamingSynthesizeResponse, record)
-        next_audio: asyncio.Future[Any] = asyncio.ensure_future(anext(audio))
-        next_ack: asyncio.Future[Any] = asyncio.ensure_future(acks.get())
-        watched: set[asyncio.Future[Any]] = {next_audio, next_ack, reader}
-        try:
-            while True:
-                done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-                if reader in done:
-                    watched.discard(reader)
-                    reader.result()  # raises the reader's error; a half-close just ends the reading
-                if next_ack in done:
-                    yield next_ack.result()
-                    watched.discard(next_ack)
-                    next_ack = asyncio.ensure_future(acks.get())
-                    watched.add(next_ack)
-                if next_audio in done:
-                    message = next_audio.result()
-                    if message.HasField("completion") and message.completion.finish_reason == pb.FINISH_REASON_ABORTED:
-                        # Not the client (it would be gone) nor a protocol error (reported first): the time limit.
-                        raise self._stream_too_long_error()
-                    yield message
-                    if message.HasField("completion"):
-                        return
-                    watched.discard(next_audio)
-                    next_audio = asyncio.ensure_future(anext(audio))
-                    watched.add(next_audio)
-        finally:
-            next_audio.cancel()
-            next_ack.cancel()
-            # The audio generator may be inside a step in its task: let that task end before closing it.
-            await asyncio.gather(next_audio, next_ack, return_exceptions=True)
-            await audio.aclose()
-
-    def _idle_error(self) -> ApiError:
-        return ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no text arrived for "
-                        f"{self.config.stream_idle_timeout_seconds:g} s; send text more often or close the stream")
-
-    def _stream_too_long_error(self) -> ApiError:
-        return ApiError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"the stream ran past the server's limit of {self.config.max_stream_seconds:g} s")
+            call = TextCall(self.config, runtime.engine, record, started)
+            audio = self._audio_messages(stream, prepared.output, pb.StreamingSynthesizeResponse, record)
+            async for message in call.responses(request_iterator, audio):
+                yield message
 
     # Shared steps
 
