@@ -77,43 +77,38 @@ class TextCall:
             await asyncio.gather(reader, return_exceptions=True)
 
     async def _read_text(self, request_iterator: AsyncIterator[Any]) -> None:
-        """Request messages -> the engine's open text, until half-close. A protocol error aborts the request
-        and ends this task with the error, which ends the call."""
+        """Request messages -> the engine's open text, until half-close. A protocol error ends this task with
+        the error; the merge raises it at once, which ends the call and aborts its request."""
         config, engine, record = self._config, self._engine, self._record
         request_id = record.request_id
-        try:
-            while True:
-                remaining_s = config.max_stream_seconds - (time.monotonic() - self._started)
-                if remaining_s <= 0:
-                    raise stream_too_long_error(config)
-                timeout = min(config.stream_idle_timeout_seconds, remaining_s)
-                try:
-                    message = await asyncio.wait_for(anext(request_iterator), timeout)
-                except StopAsyncIteration:
-                    engine.close_text(request_id)
-                    return
-                except TimeoutError:
-                    raise (idle_error(config) if timeout < remaining_s else stream_too_long_error(config)) from None
-                kind = message.WhichOneof("request")
-                if kind == "text":
-                    record.num_text_chars += len(message.text)
-                    if record.num_text_chars > config.max_text_chars:
-                        raise invalid("text", f"the streamed text exceeds {config.max_text_chars} characters")
-                    engine.append_text(request_id, message.text)
-                elif kind == "flush":
-                    await self._acks.put(
-                        pb.StreamingSynthesizeResponse(flush_ack=pb.FlushAck(marker=message.flush.marker)))
-                elif kind == "config":
-                    raise invalid("config", "only the first message may carry the config")
-                else:
-                    raise invalid("request", "every message after the config carries text or a flush")
-        except Exception:
-            engine.abort(request_id)
-            raise
+        while True:
+            remaining_s = config.max_stream_seconds - (time.monotonic() - self._started)
+            if remaining_s <= 0:
+                raise stream_too_long_error(config)
+            timeout = min(config.stream_idle_timeout_seconds, remaining_s)
+            try:
+                message = await asyncio.wait_for(anext(request_iterator), timeout)
+            except StopAsyncIteration:
+                engine.close_text(request_id)
+                return
+            except TimeoutError:
+                raise (idle_error(config) if timeout < remaining_s else stream_too_long_error(config)) from None
+            kind = message.WhichOneof("request")
+            if kind == "text":
+                record.num_text_chars += len(message.text)
+                if record.num_text_chars > config.max_text_chars:
+                    raise invalid("text", f"the streamed text exceeds {config.max_text_chars} characters")
+                engine.append_text(request_id, message.text)
+            elif kind == "flush":
+                await self._acks.put(pb.StreamingSynthesizeResponse(flush_ack=pb.FlushAck(marker=message.flush.marker)))
+            elif kind == "config":
+                raise invalid("config", "only the first message may carry the config")
+            else:
+                raise invalid("request", "every message after the config carries text or a flush")
 
     async def _merged(self, audio: AsyncGenerator[Any, None], reader: asyncio.Task[None]) -> AsyncIterator[Any]:
         """Audio messages and flush acks, each taken when the previous one has been sent. An error of the
-        reader (reported before the abort it causes) ends the call."""
+        reader ends the call (checked first: the request's abort follows it)."""
         next_audio: asyncio.Future[Any] = asyncio.ensure_future(anext(audio))
         next_ack: asyncio.Future[Any] = asyncio.ensure_future(self._acks.get())
         watched: set[asyncio.Future[Any]] = {next_audio, next_ack, reader}
