@@ -11,7 +11,7 @@ rates=${2:-1,10,20,40}
 seconds=${3:-30}
 install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$1" "${@:2}"; }
 install /tmp/site .whl/site/*.whl .whl/grpc/*.whl .whl/otel/*.whl
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:$PWD/proto:/tmp/site" PYTHONUNBUFFERED=1
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.csv"
 port=50151

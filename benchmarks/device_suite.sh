@@ -8,6 +8,6 @@ out=${1:?usage: device_suite.sh OUT_DIR}
 install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$1" "${@:2}"; }
 install /tmp/site .whl/site/*.whl
 install /tmp/refsite .whl/ref/*.whl
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:$PWD/proto:/tmp/site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.csv"
-python3 -m tts_service.bench_suite --out "$out" --reference-site /tmp/refsite "${@:2}"
+python3 -m benchmarks.suite --out "$out" --reference-site /tmp/refsite "${@:2}"

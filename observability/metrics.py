@@ -5,16 +5,18 @@ Names follow Prometheus conventions: a `qwen3_tts_` prefix, base units in the na
 dashboard can compare deployments. What the engine alone knows (step time, batch size) arrives
 through `observe_step`, called once per step with numbers the engine already has on the host: no
 device synchronisation is added for metrics. Live gauges (running, waiting, parked requests, KV
-blocks) are read from the scheduler only when Prometheus scrapes.
+blocks) and the preemption count are read from the engine only when Prometheus scrapes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from observability.calls import CallRecord
 
@@ -55,6 +57,7 @@ class LiveState:
     num_running: Callable[[], int]
     num_waiting: Callable[[], int]
     num_parked: Callable[[], int]
+    num_preemptions_total: Callable[[], int]
     num_kv_blocks_used: Callable[[], int]
     num_kv_blocks_total: Callable[[], int]
 
@@ -145,6 +148,9 @@ class ServiceMetrics:
                 ("qwen3_tts_kv_blocks_used", "Talker KV-cache blocks held by requests.", live.num_kv_blocks_used),
                 ("qwen3_tts_kv_blocks", "Talker KV-cache blocks in all.", live.num_kv_blocks_total)):
             Gauge(name, documentation, names, registry=self.registry).labels(**labels).set_function(read)
+        self.registry.register(_CounterReader(
+            "qwen3_tts_preemptions", "Requests that gave their KV memory back and resumed by recomputing it.",
+            labels, live.num_preemptions_total))
 
     def set_cuda_graphs(self, batch_sizes_by_kind: Mapping[str, list[int]]) -> None:
         """The CUDA graphs the runner captured, given as each graph's batch size by kind."""
@@ -157,3 +163,18 @@ class ServiceMetrics:
         for kind, sizes in batch_sizes_by_kind.items():
             count.labels(**self._labels, kind=kind).set(len(sizes))
             largest.labels(**self._labels, kind=kind).set(max(sizes, default=0))
+
+
+class _CounterReader(Collector):
+    """A counter whose total the engine already keeps: read when scraped rather than mirrored on every change."""
+
+    def __init__(self, name: str, documentation: str, labels: Mapping[str, str], read: Callable[[], int]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = dict(labels)
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=tuple(self._labels))
+        family.add_metric(tuple(self._labels.values()), self._read())
+        yield family

@@ -22,8 +22,8 @@ from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from qwen3_tts.v1.protocol import SERVICE_NAME as GRPC_SERVICE
 
-from clients.qwen3_tts_client.protocol import SERVICE_NAME as GRPC_SERVICE
 from observability.calls import CallRecord
 
 DEFAULT_SERVICE_NAME = "qwen3-tts"

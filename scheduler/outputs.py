@@ -1,14 +1,16 @@
-"""The small frozen records that cross the scheduler/runner boundary each step.
+"""The small frozen records that cross the scheduler/engine boundary each step.
 
-schedule() -> SchedulerOutput -> the runner executes it -> StepResult -> update() -> RequestEvents.
+schedule() -> SchedulerOutput -> the engine has it executed -> StepResult -> update() -> RequestEvents.
 
-The runner executes one SchedulerOutput in this order:
-    1. clear the slot state of every `freed` item (a freed slot may be reused by a prefill below),
-    2. run `prefills` (each yields one frame),
-    3. run `decodes` (each yields one frame),
-    4. run `codec_chunks` in the order given (a request's chunks are consecutive and in frame order).
+The engine executes one SchedulerOutput in this order:
+    1. end the requests of the `freed` items that were aborted or failed (their slots may be reused by a
+       prefill below: a prefill assigns its slot's decoding state afresh),
+    2. restart the codec stream of every prefill's slot, then run `codec_chunks` in the order given (a
+       request's chunks are consecutive and in frame order), and hand their audio to the listeners at once,
+    3. run `prefills` then `decodes` in one runner call (each yields one frame, or EOS).
 Codec chunks only cover frames that existed when the step was scheduled, never the frame a decode
-in the same step is producing.
+in the same step is producing; running them first lets a new request's first audio leave without
+waiting for the step's frames.
 """
 
 from __future__ import annotations
@@ -98,17 +100,19 @@ class StepResult:
     """Every prefilled/decoded request's outcome; a request that only ran codec chunks may report an error."""
 
     outcomes: tuple[RequestOutcome, ...]
+    # When the step's codec chunks reached their listeners; None: at update()'s `now`.
+    audio_time: float | None = None
 
     @classmethod
     def for_output(cls, output: SchedulerOutput, eos_ids: Collection[str] = (),
-                   errors: Mapping[str, str] | None = None) -> StepResult:
+                   errors: Mapping[str, str] | None = None, audio_time: float | None = None) -> StepResult:
         """Outcomes for `output`: a frame for every scheduled request unless it is in eos_ids or errors."""
         errors = errors or {}
         scheduled = sorted(output.scheduled_request_ids)
         codec_only_errors = sorted(set(errors) - set(scheduled))
         return cls(tuple(
             RequestOutcome(request_id, is_eos=request_id in eos_ids, error=errors.get(request_id))
-            for request_id in (*scheduled, *codec_only_errors)))
+            for request_id in (*scheduled, *codec_only_errors)), audio_time)
 
     def check_answers(self, output: SchedulerOutput) -> None:
         """Raise ValueError unless this is a complete answer to `output`: a runner bug otherwise

@@ -4,7 +4,7 @@ The engine loop alternates strictly:
 
     output = scheduler.schedule(now)      # decide; mutates only scheduler state
     if not output.is_empty:
-        result = runner.execute(output)   # GPU work, see scheduler.outputs for the execution order
+        result = ...                      # the engine has the runner execute it (order: scheduler.outputs)
         events = scheduler.update(result, now)
 
 add(), append_text() and abort() may be called between any two of these calls, including while the
@@ -52,7 +52,7 @@ One schedule() does, in order:
      gets its final chunk with whatever is left (possibly no frames: it still marks end of stream).
 
 update() folds codec-chunk completion in: the chunks of the step it answers count as delivered
-audio at `now` (the runner runs them within that step), so there is no separate call to forget.
+audio at the result's `audio_time` (or `now`), so there is no separate call to forget.
 """
 
 from __future__ import annotations
@@ -88,15 +88,18 @@ class RequestTooLargeError(ValueError):
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_running: int = 32  # requests decoded per step: the largest captured graph batch
-    max_waiting: int = 256  # queued requests (new and preempted) before add() refuses
-    max_prefill_positions_per_step: int = 4096  # a step's prefill budget; its first admission is exempt
-    block_size: int = 16  # KV positions per block
-    num_kv_blocks: int = 4096
-    codec_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 12)
-    min_playback_slack_s: float = 0.5  # below this, admissions shrink to the at-risk prefill budget
-    max_prefill_positions_at_risk: int = 256  # a step's prefill budget while a stream is at risk
-    frame_duration_s: float = 0.08  # 12 Hz codec: one frame is 80 ms of audio
+    """The scheduler's sizes and policy. The engine derives them (`EngineConfig.scheduler_config`), which
+    is where every default lives; the sizes of the runner's memory come from the runner."""
+
+    max_running: int  # requests decoded per step: the largest captured graph batch
+    max_waiting: int  # queued requests (new and preempted) before add() refuses
+    max_prefill_positions_per_step: int  # a step's prefill budget; its first admission is exempt
+    block_size: int  # KV positions per block
+    num_kv_blocks: int
+    codec_chunk_schedule: tuple[int, ...]
+    min_playback_slack_s: float  # below this, admissions shrink to the at-risk prefill budget
+    max_prefill_positions_at_risk: int  # a step's prefill budget while a stream is at risk
+    frame_duration_s: float  # audio seconds per frame (the 12 Hz codec: 0.08)
     # Runner rows; more than max_running lets parked requests keep state without shrinking the
     # decode batch. None means max_running.
     max_slots: int | None = None
@@ -307,7 +310,7 @@ class Scheduler:
                 continue
             request.num_audio_frames += chunk.num_frames
             if request.first_audio_time is None and chunk.num_frames > 0:
-                request.first_audio_time = now
+                request.first_audio_time = now if result.audio_time is None else result.audio_time
         return events
 
     # Step 1: releases.

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from tts_service.reference_oracle import import_qwen_tts
+from benchmarks.reference_oracle import import_qwen_tts
 
 
 def import_reference() -> types.ModuleType:

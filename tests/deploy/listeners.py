@@ -9,7 +9,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
-from tts_service.config import ServerConfig
+from tts_service.api.config import ServerConfig
 
 
 def check_bindable(config: ServerConfig) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from tests.deploy.listeners import check_bindable
-from tts_service.config import ServerConfig, load_config
+from tts_service.api.config import ServerConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def test_the_entrypoint_is_the_servers_console_script() -> None:
     (entrypoint,) = arguments_of("ENTRYPOINT")
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     (command,) = json.loads(entrypoint)
-    assert scripts[command] == "tts_service.__main__:main"
+    assert scripts[command] == "tts_service.api.main:main"
 
 
 def test_every_package_and_the_proto_are_copied_into_the_image() -> None:

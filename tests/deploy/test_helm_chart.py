@@ -25,10 +25,10 @@ import kubernetes_validate
 import pytest
 import yaml
 from google.protobuf import json_format
+from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2
 
-from clients.qwen3_tts_client.protocol import SERVICE_NAME, tts_pb2
 from tests.deploy.listeners import check_bindable
-from tts_service.config import API_KEYS_ENV, ServerConfig, load_config
+from tts_service.api.config import API_KEYS_ENV, ServerConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "qwen3-tts"

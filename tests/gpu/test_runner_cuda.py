@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
-from tests.test_runner import BLOCK_SIZE, requests_for, run_staggered
-from tts_service.generate import generate_codes
+from tests.runner.test_runner import BLOCK_SIZE, requests_for, run_staggered
+from tts_service.eager.generate import generate_codes
+from tts_service.engine.config import EngineConfig
 from tts_service.model.checkpoint import LoadOptions, load_model
-from tts_service.runner import ModelRunner, RunnerConfig
+from tts_service.runner.runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -18,8 +21,9 @@ def test_graph_captured_runner_equals_eager_generate_on_gpu() -> None:
     model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
     requests = requests_for(model, [9, 14, 11])
     expected = generate_codes(model.talker, requests, model.config.tts_pad_token_id)
-    runner = ModelRunner(model, RunnerConfig(max_num_slots=4, block_size=BLOCK_SIZE, num_kv_blocks=64,
-                                             max_positions_per_request=256, graph_batch_sizes=(1, 2)))
+    config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=256,
+                          graph_batch_sizes=(1, 2))
+    runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
     assert runner.uses_graphs
     frames = run_staggered(runner, requests, [0, 3, 5], model.config.tts_pad_token_id)
     for got, want in zip(frames, expected, strict=True):
@@ -30,10 +34,11 @@ def test_graph_captured_codec_chunks_equal_eager_chunks_on_gpu() -> None:
     """Same chunking both ways, so both pick the same kernels; TF32 convolutions would differ between
     different shapes (the one-shot comparison is the CPU test's job)."""
     model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
-    config = RunnerConfig(max_num_slots=4, block_size=BLOCK_SIZE, num_kv_blocks=8, max_positions_per_request=32,
-                          graph_batch_sizes=(1, 2), codec_graph_chunk_sizes=(1, 2, 4))
-    graphed = ModelRunner(model, config)
-    eager = ModelRunner(model, RunnerConfig(**{**config.__dict__, "use_cuda_graphs": False}))
+    config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=8, max_positions_per_request=32,
+                          graph_batch_sizes=(1, 2), codec_chunk_schedule=(1, 2, 4))
+    frame_rate_hz = model.speech_config.frame_rate_hz
+    graphed = ModelRunner(model, config.runner_config(frame_rate_hz))
+    eager = ModelRunner(model, replace(config, use_cuda_graphs=False).runner_config(frame_rate_hz))
     assert (2, 4) in graphed.codec.graphs and (4, 4) in graphed.codec.graphs and not eager.codec.graphs
     generator = torch.Generator().manual_seed(5)
     codes = torch.randint(0, 2048, (3, 10, 16), generator=generator).numpy()

@@ -5,9 +5,9 @@ import re
 import numpy as np
 import pytest
 
-from tts_service.audio_input import ReferenceAudioError, decode_audio_file
-from tts_service.prompts import PromptError, SynthesisInput, VoiceClone
-from tts_service.synthesize import EagerSynthesizer
+from tts_service.audio.reference import ReferenceAudioError, decode_audio_file
+from tts_service.eager.synthesize import EagerSynthesizer
+from tts_service.model.prompts import PromptError, SynthesisInput, VoiceClone
 
 
 def builder(tiny_models, kind: str):

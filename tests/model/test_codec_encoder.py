@@ -11,7 +11,7 @@ import torch
 
 from tests.reference import import_reference
 from tests.signals import sweep_signal
-from tts_service.audio_input import resample_to_model_rate
+from tts_service.audio.reference import resample_to_model_rate
 from tts_service.model.codec_encoder import CodecEncoder
 from tts_service.model.configs import ConfigError, SpeechTokenizerConfig
 from tts_service.model.random_checkpoint import speech_tokenizer_config_dict

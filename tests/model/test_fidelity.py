@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import fidelity as bench_fidelity
 from tests.reference import import_reference
-from tts_service import bench_fidelity
 from tts_service.model.random_checkpoint import write_random_checkpoint
 
 pytestmark = pytest.mark.parity

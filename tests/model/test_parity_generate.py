@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from tests.reference import import_reference
-from tts_service.generate import GenerationParams
+from tts_service.eager.synthesize import EagerSynthesizer
 from tts_service.model.checkpoint import LoadedModel
-from tts_service.prompts import SynthesisInput
-from tts_service.sampling import SamplingParams
-from tts_service.synthesize import EagerSynthesizer
+from tts_service.model.prompts import SynthesisInput
+from tts_service.runner.params import GenerationParams, SamplingParams
 
 pytestmark = pytest.mark.parity
 

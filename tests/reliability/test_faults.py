@@ -20,9 +20,9 @@ import pytest
 from clients.qwen3_tts_client import AsyncTtsClient, Connection, Generation, TtsClient
 from tests.service.helpers import RYAN, RunningServer, start_server, wait_until
 from tests.service.processes import ROOT, server_process
-from tts_service.engine import Engine
+from tts_service.engine.engine import Engine
 from tts_service.model.checkpoint import LoadedModel
-from tts_service.runner import PrefillInput
+from tts_service.runner.runner import PrefillInput
 
 LONG = Generation(temperature=0.0, max_audio_seconds=4.0)  # 50 frames: several seconds on a CPU
 SHORT = Generation(temperature=0.0, max_audio_seconds=0.24)

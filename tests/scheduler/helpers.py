@@ -14,6 +14,7 @@ NO_PLAYBACK_PROTECTION = -1e9
 
 
 def make_config(**overrides: Any) -> SchedulerConfig:
+    """Small test sizes; the product's defaults live in the engine's config, not here."""
     settings: dict[str, Any] = {
         "max_running": 8,
         "max_waiting": 16,
@@ -22,6 +23,8 @@ def make_config(**overrides: Any) -> SchedulerConfig:
         "num_kv_blocks": 256,
         "codec_chunk_schedule": (1, 2, 4, 8, 12),
         "min_playback_slack_s": NO_PLAYBACK_PROTECTION,
+        "max_prefill_positions_at_risk": 256,
+        "frame_duration_s": 0.08,
     }
     settings.update(overrides)
     return SchedulerConfig(**settings)

@@ -5,6 +5,7 @@ from itertools import pairwise
 import pytest
 
 from scheduler.codec_chunks import chunk_size, plan_chunk_sizes
+from scheduler.outputs import StepResult
 from scheduler.scheduler import Scheduler
 from tests.scheduler.helpers import make_config, make_request, run_step
 
@@ -77,6 +78,17 @@ def test_delivered_chunks_set_first_audio_time_and_count_audio_frames() -> None:
         run_step(scheduler, now=1.0 + step * 0.1)
     assert (request.first_audio_time, request.num_audio_frames) == (1.1, 3)
     assert request.playback_slack_s(now=1.3, frame_duration_s=0.08) == pytest.approx(3 * 0.08 - 0.2)
+
+
+def test_first_audio_time_is_when_the_chunks_reached_their_listeners_when_the_result_says() -> None:
+    """The engine hands a step's audio over before its frames finish: that moment, not update()'s, starts playback."""
+    scheduler = Scheduler(make_config(codec_chunk_schedule=SCHEDULE))
+    scheduler.add(make_request("a"))
+    run_step(scheduler, now=1.0)
+    output = scheduler.schedule(1.1)
+    assert output.codec_chunks
+    scheduler.update(StepResult.for_output(output, audio_time=1.12), now=1.2)
+    assert scheduler.requests["a"].first_audio_time == 1.12
 
 
 def test_frames_pending_at_preemption_are_chunked_after_the_resume() -> None:

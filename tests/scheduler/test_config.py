@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.scheduler import SchedulerConfig
+from tests.scheduler.helpers import make_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,12 +29,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ])
 def test_config_rejects_invalid_values(overrides: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        SchedulerConfig(**overrides)
+        make_config(**overrides)
 
 
 def test_config_slots_default_to_max_running() -> None:
-    assert SchedulerConfig(max_running=8).num_slots == 8
-    assert SchedulerConfig(max_running=8, max_slots=12).num_slots == 12
+    assert make_config(max_running=8).num_slots == 8
+    assert make_config(max_running=8, max_slots=12).num_slots == 12
 
 
 def test_scheduler_package_does_not_import_torch() -> None:

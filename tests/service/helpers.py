@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 from clients.qwen3_tts_client import Connection, Generation, TtsClient, Voice
 from observability.metrics import ServiceMetrics
-from tts_service.config import ServerConfig
-from tts_service.engine import Engine
+from tts_service.api.config import ServerConfig
+from tts_service.api.server import TtsServer
+from tts_service.engine.engine import Engine
 from tts_service.model.checkpoint import LoadedModel
-from tts_service.server import Runtime, TtsServer, create_engine
 
 T = TypeVar("T")
 SAMPLES_PER_FRAME = 1920
@@ -44,8 +44,8 @@ class RunningServer:
 
     @property
     def engine(self) -> Engine:
-        assert self.server.service.runtime is not None
-        return self.server.service.runtime.engine
+        assert self.server.service.engine is not None
+        return self.server.service.engine
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the server's loop (engine and server calls belong there)."""
@@ -59,9 +59,9 @@ class RunningServer:
         assert self.model is not None
 
         async def attach() -> None:
-            engine = create_engine(self.model, self.server.config)
+            engine = Engine.create(self.model, self.server.config.engine_config())
             engine.start()
-            await self.server.serve(Runtime.for_engine(self.model, engine), metrics)
+            await self.server.serve(engine, metrics)
 
         self.run(attach())
 

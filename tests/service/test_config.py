@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tts_service.__main__ import main
-from tts_service.config import DEFAULT_MODEL, ConfigError, ServerConfig, load_config
+from tts_service.api.config import ConfigError, ServerConfig, load_config
+from tts_service.api.main import main
+from tts_service.model.sources import DEFAULT_MODEL
 
 
 def test_flags_override_the_environment_which_overrides_the_defaults() -> None:

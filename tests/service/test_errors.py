@@ -14,8 +14,8 @@ import pytest
 from clients.qwen3_tts_client import AudioFormat, Generation, TtsClient, Voice, tts_pb2
 from clients.qwen3_tts_client.client import streaming_config
 from tests.service.helpers import GREEDY, RYAN, RunningServer, wait_until
-from tts_service.api_errors import answering_errors
-from tts_service.prompts import PromptError
+from tts_service.api.errors import answering_errors
+from tts_service.model.prompts import PromptError
 
 pb = tts_pb2
 ONE_FRAME = Generation(temperature=0.0, max_audio_seconds=0.08)
@@ -135,7 +135,7 @@ def test_a_call_that_ended_under_its_handler_ends_quietly_as_cancelled(
         async with answering_errors(call):  # type: ignore[arg-type]
             raise failure
 
-    with pytest.raises(asyncio.CancelledError), caplog.at_level(logging.INFO, logger="tts_service.server"):
+    with pytest.raises(asyncio.CancelledError), caplog.at_level(logging.INFO, logger="tts_service.api.server"):
         asyncio.run(handler())
     # A failed write is not answered again; a bad input still tries to answer (and finds the call gone).
     assert call.num_aborts == (0 if isinstance(failure, grpc.aio.InternalError) else 1)

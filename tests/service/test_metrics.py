@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from observability.metrics import ServiceMetrics
+from observability.metrics import LiveState, ServiceMetrics
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server, wait_until
 from tts_service.model.checkpoint import LoadedModel
 
@@ -82,6 +82,18 @@ def test_live_gauges_read_the_scheduler_and_return_to_zero(metered: tuple[Runnin
     assert value(scrape, "qwen3_tts_requests_parked") == 0
     assert value(scrape, "qwen3_tts_kv_blocks_used") == 0
     assert value(scrape, "qwen3_tts_kv_blocks") == running.engine.scheduler.num_kv_blocks_total > 0
+    assert value(scrape, "qwen3_tts_preemptions_total") == running.engine.scheduler.num_preemptions_total
+
+
+def test_preemptions_are_a_counter_read_from_the_engine_when_scraped() -> None:
+    metrics = ServiceMetrics("tiny", "custom_voice")
+    preemptions = [3]
+    metrics.watch(LiveState(num_running=lambda: 0, num_waiting=lambda: 0, num_parked=lambda: 0,
+                            num_preemptions_total=lambda: preemptions[0], num_kv_blocks_used=lambda: 0,
+                            num_kv_blocks_total=lambda: 0))
+    assert value(samples(metrics), "qwen3_tts_preemptions_total") == 3
+    preemptions[0] = 5
+    assert value(samples(metrics), "qwen3_tts_preemptions_total") == 5
 
 
 def test_metrics_are_served_over_http(metered: tuple[RunningServer, ServiceMetrics]) -> None:

@@ -12,11 +12,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.service.helpers import TEST_CONFIG
-from tts_service.__main__ import serve
-from tts_service.engine import Engine
+from tts_service.api.main import serve
+from tts_service.api.server import TtsServer
+from tts_service.engine.engine import Engine
+from tts_service.engine.model_info import ModelInfo
+from tts_service.engine.warm_up import warm_up_input
 from tts_service.model.checkpoint import LoadedModel
-from tts_service.server import Runtime, TtsServer, create_engine
-from tts_service.warm_up import warm_up, warm_up_input
 
 
 def test_warm_up_runs_one_short_synthesis_to_its_end_and_leaves_nothing_live(
@@ -24,10 +25,10 @@ def test_warm_up_runs_one_short_synthesis_to_its_end_and_leaves_nothing_live(
     model = tiny_models["custom_voice"]
 
     async def run() -> tuple[bool, Engine]:
-        engine = create_engine(model, TEST_CONFIG)
+        engine = Engine.create(model, TEST_CONFIG.engine_config())
         engine.start()
         try:
-            return await warm_up(model, engine), engine
+            return await engine.warm_up(), engine
         finally:
             await engine.stop()
 
@@ -36,10 +37,13 @@ def test_warm_up_runs_one_short_synthesis_to_its_end_and_leaves_nothing_live(
 
 
 def test_every_model_type_but_voice_clone_has_a_warm_up_request(tiny_models: dict[str, LoadedModel]) -> None:
-    custom_voice, voice_design = warm_up_input(tiny_models["custom_voice"]), warm_up_input(tiny_models["voice_design"])
+    def warm_up_input_of(kind: str):
+        return warm_up_input(ModelInfo.of(tiny_models[kind]))
+
+    custom_voice, voice_design = warm_up_input_of("custom_voice"), warm_up_input_of("voice_design")
     assert custom_voice is not None and custom_voice.speaker is not None
     assert voice_design is not None and voice_design.instruction
-    assert warm_up_input(tiny_models["base"]) is None
+    assert warm_up_input_of("base") is None
 
 
 def test_health_turns_serving_only_after_the_warm_up_synthesis_has_ended(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,12 +51,12 @@ def test_health_turns_serving_only_after_the_warm_up_synthesis_has_ended(monkeyp
     seen: dict[str, Any] = {}
     original_serve = TtsServer.serve
 
-    async def observed_serve(server: TtsServer, runtime: Runtime, *args: Any, **kwargs: Any) -> None:
+    async def observed_serve(server: TtsServer, engine: Engine, *args: Any, **kwargs: Any) -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
             seen["before"] = (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status
-            seen["stats"], seen["num_live"] = replace(runtime.engine.stats), runtime.engine.num_live_requests
-            await original_serve(server, runtime, *args, **kwargs)
+            seen["stats"], seen["num_live"] = replace(engine.stats), engine.num_live_requests
+            await original_serve(server, engine, *args, **kwargs)
             seen["after"] = (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status
         signal.raise_signal(signal.SIGTERM)  # serve()'s own shutdown path
 

@@ -9,6 +9,7 @@ the right shape; anything else fails with the tensor names.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from torch import nn
 from tts_service.model.codec_decoder import CodecDecoder
 from tts_service.model.codec_encoder import CodecEncoder
 from tts_service.model.configs import ModelConfig, SpeechTokenizerConfig
+from tts_service.model.sources import DEFAULT_MODEL, OFFLINE_FALLBACK_MODEL
 from tts_service.model.speaker_encoder import SpeakerEncoder
 from tts_service.model.talker import Talker
 from tts_service.model.text_tokenizer import load_text_tokenizer
@@ -37,6 +39,8 @@ REQUIRED_FILES = (
 WEIGHT_FILES = ("model.safetensors", "speech_tokenizer/model.safetensors")
 _DOWNLOAD_PATTERNS = ["*.json", "*.txt", "*.safetensors", "speech_tokenizer/*"]
 _MAX_NAMES_SHOWN = 12
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -265,3 +269,17 @@ def load_model(source: str, options: LoadOptions, cache_dir: str | None = None) 
 
         return build_random_model(source.removeprefix("random:"), options)
     return load_checkpoint(resolve_source(source, cache_dir), options, source)
+
+
+def load_with_offline_fallback(source: str, options: LoadOptions) -> LoadedModel:
+    """`load_model`, except that the default model, when it cannot be had, is replaced by a tiny random one
+    (with a warning): a fresh machine with no Hub access still runs the whole pipeline."""
+    try:
+        return load_model(source, options)
+    except CheckpointError as error:
+        if source != DEFAULT_MODEL:
+            raise
+        logger.warning("%s", error)
+        logger.warning("falling back to %s: a tiny model with RANDOM weights. It runs the whole pipeline, "
+                       "but its audio is noise, not speech.", OFFLINE_FALLBACK_MODEL)
+        return load_model(OFFLINE_FALLBACK_MODEL, options)

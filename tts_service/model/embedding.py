@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from tts_service.model.prompts import REFERENCE_FRAME, SPEAKER_SLOT, Prompt
 from tts_service.model.talker import Talker
-from tts_service.prompts import REFERENCE_FRAME, SPEAKER_SLOT, Prompt
 
 
 def embed_prompt(talker: Talker, prompt: Prompt, speaker_embedding: torch.Tensor | None) -> torch.Tensor:

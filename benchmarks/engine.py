@@ -1,0 +1,181 @@
+"""Benchmark 2: time to first audio and real-time factor per request through the engine, in process.
+
+    python -m benchmarks.engine --model random:1.7b-custom_voice --out bench-results/engine.json
+
+At each concurrency C, 2C requests (at least 8) run closed-loop with C in flight: a request
+starts as soon as one finishes, so arrivals overlap running streams as they would in service.
+Texts come from a fixed set; random weights never stop on their own, so each request's length
+is fixed from its text (12.5 frames per second of speech at 15 characters per second).
+
+Per request: time to first audio (submit -> first chunk in the caller's hands), real-time factor
+(submit -> last chunk, over the audio's duration) and lateness: with playback starting at the
+first chunk, a chunk is late when it arrives after the moment its first sample must play.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from tts_service.engine.config import EngineConfig
+from tts_service.engine.engine import Engine, EngineStats
+from tts_service.engine.streams import SynthesisRequest
+from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.prompts import SynthesisInput
+from tts_service.runner.params import GenerationParams, SamplingParams
+
+CHARACTERS_PER_SECOND = 15.0
+FRAME_RATE_HZ = 12.5
+BENCH_TEXTS = (
+    "Hello, and welcome to the show.",
+    "The weather today is mild, with a light breeze from the west and clear skies.",
+    "Please hold while I transfer your call to the next available agent.",
+    "Streaming speech lets a voice assistant start talking before it has finished thinking.",
+    "One, two, three, four, five.",
+    "In the beginning the universe was created. This has made a lot of people very angry and been widely "
+    "regarded as a bad move.",
+    "Your package will arrive on Thursday between nine and eleven in the morning.",
+    "Thank you for listening.",
+)
+
+
+def frames_for_text(text: str) -> int:
+    return max(1, round(len(text) / CHARACTERS_PER_SECOND * FRAME_RATE_HZ))
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    concurrency: int
+    text_index: int
+    num_frames: int
+    audio_s: float
+    time_to_first_audio_s: float
+    total_s: float
+    realtime_factor: float
+    max_lateness_s: float  # > 0: the listener would have heard a gap
+
+
+async def timed_request(engine: Engine, index: int, concurrency: int, frame_s: float) -> RequestTiming:
+    request_id = f"c{concurrency}-{index}"
+    text_index = index % len(BENCH_TEXTS)
+    text = BENCH_TEXTS[text_index]
+    num_frames = frames_for_text(text)
+    params = GenerationParams(talker=SamplingParams(0.9, top_k=50), predictor=SamplingParams(0.9, top_k=50),
+                              max_new_frames=num_frames, min_new_frames=num_frames, seed=index)
+    started = time.perf_counter()
+    stream = engine.submit(SynthesisRequest(request_id, SynthesisInput(text, "english", "ryan"), params))
+    first_audio = None
+    max_lateness = float("-inf")
+    async for chunk in stream:
+        now = time.perf_counter()
+        if first_audio is None:
+            first_audio = now
+        max_lateness = max(max_lateness, now - (first_audio + chunk.first_frame * frame_s))
+    finished = time.perf_counter()
+    assert stream.summary is not None and first_audio is not None
+    audio_s = stream.summary.num_frames * frame_s
+    return RequestTiming(concurrency, text_index, stream.summary.num_frames, audio_s, first_audio - started,
+                         finished - started, (finished - started) / audio_s, max_lateness)
+
+
+async def run_level(engine: Engine, concurrency: int, num_requests: int, frame_s: float) -> list[RequestTiming]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(index: int) -> RequestTiming:
+        async with gate:
+            return await timed_request(engine, index, concurrency, frame_s)
+
+    return list(await asyncio.gather(*(one(index) for index in range(num_requests))))
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def summarize(concurrency: int, timings: list[RequestTiming], wall_s: float) -> dict[str, float | int]:
+    ttfa = [t.time_to_first_audio_s for t in timings]
+    rtf = [t.realtime_factor for t in timings]
+    return {
+        "concurrency": concurrency, "num_requests": len(timings),
+        "ttfa_p50_ms": percentile(ttfa, 0.5) * 1e3, "ttfa_p95_ms": percentile(ttfa, 0.95) * 1e3,
+        "ttfa_p99_ms": percentile(ttfa, 0.99) * 1e3,
+        "rtf_p50": statistics.median(rtf), "rtf_p95": percentile(rtf, 0.95), "rtf_max": max(rtf),
+        "max_lateness_ms": max(t.max_lateness_s for t in timings) * 1e3,
+        "num_requests_late": sum(t.max_lateness_s > 0 for t in timings),
+        "audio_s_per_wall_s": sum(t.audio_s for t in timings) / wall_s,
+    }
+
+
+def step_summary(before: EngineStats, after: EngineStats) -> dict[str, float]:
+    """Where the engine's time went over a level: per step, in the runner and in the loop around it."""
+    num_steps = max(1, after.num_steps - before.num_steps)
+    return {"num_steps": num_steps,
+            "step_ms_mean": (after.loop_s - before.loop_s) / num_steps * 1e3,
+            "execute_ms_mean": (after.execute_s - before.execute_s) / num_steps * 1e3,
+            "decode_batch_mean": (after.num_decoded_frames - before.num_decoded_frames) / num_steps,
+            "codec_frames_per_step": (after.num_codec_frames - before.num_codec_frames) / num_steps,
+            "prefills_per_step": (after.num_prefills - before.num_prefills) / num_steps}
+
+
+async def run_benchmark(engine: Engine, levels: list[int], frame_s: float) -> tuple[list[dict], list[RequestTiming]]:
+    engine.start()
+    try:
+        await run_level(engine, 1, 2, frame_s)  # warm-up: lazy initialisation, allocator growth
+        summaries, timings = [], []
+        for concurrency in levels:
+            started = time.perf_counter()
+            before = replace(engine.stats)
+            level = await run_level(engine, concurrency, max(8, 2 * concurrency), frame_s)
+            summary = summarize(concurrency, level, time.perf_counter() - started)
+            summary.update(step_summary(before, engine.stats))
+            summaries.append(summary)
+            timings += level
+        return summaries, timings
+    finally:
+        await engine.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="random:1.7b-custom_voice", help="checkpoint directory or random:<preset>")
+    parser.add_argument("--concurrency", default="1,8,32,128")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    model = load_model(args.model, LoadOptions.default_for(args.device))
+    started = time.perf_counter()
+    engine = Engine.create(model, EngineConfig(max_running=max(levels), max_waiting=4 * max(levels),
+                                               max_positions_per_request=1024))
+    startup_s = time.perf_counter() - started
+    frame_s = 1.0 / model.speech_config.frame_rate_hz
+    summaries, timings = asyncio.run(run_benchmark(engine, levels, frame_s))
+    device = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
+    report = {"benchmark": "engine", "device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+              "model": args.model, "dtype": str(engine.runner.dtype), "startup_s": startup_s,
+              "command": " ".join(["python -m benchmarks.engine", *(argv or sys.argv[1:])]),
+              "texts": list(BENCH_TEXTS), "levels": summaries, "requests": [asdict(t) for t in timings]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    header = (f"{'conc':>5} {'reqs':>5} {'ttfa p50':>9} {'ttfa p95':>9} {'rtf p50':>8} {'rtf max':>8} "
+              f"{'late ms':>8} {'late':>5} {'audio s/s':>10} {'step ms':>8} {'exec ms':>8} {'batch':>6}")
+    lines = [header] + [f"{s['concurrency']:>5} {s['num_requests']:>5} {s['ttfa_p50_ms']:>9.1f} "
+                        f"{s['ttfa_p95_ms']:>9.1f} {s['rtf_p50']:>8.3f} {s['rtf_max']:>8.3f} "
+                        f"{s['max_lateness_ms']:>8.1f} {s['num_requests_late']:>5} "
+                        f"{s['audio_s_per_wall_s']:>10.1f} {s['step_ms_mean']:>8.1f} {s['execute_ms_mean']:>8.1f} "
+                        f"{s['decode_batch_mean']:>6.1f}" for s in summaries]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""Where one frame step's GPU time goes: kernel counts and times by phase, from the PyTorch profiler.
+
+    python -m benchmarks.profile_step --batch 1 --out bench-results/profile.json
+
+The step runs eagerly: the captured graph replays these same kernels, so their count and their
+times show what graph capture alone cannot remove.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.frame_step import time_steps
+from tts_service.engine.config import EngineConfig
+from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.runner.params import GenerationParams
+from tts_service.runner.runner import DecodeInput, ModelRunner
+
+
+def profile_decode(runner: ModelRunner, batch: int, context: int) -> dict:
+    blocks_per_row = -(-(context + 8) // runner.config.block_size)
+    for slot in range(batch):
+        runner.state.assign(slot, GenerationParams(seed=slot))
+    decodes = tuple(DecodeInput(slot, tuple(range(slot * blocks_per_row, (slot + 1) * blocks_per_row)), context,
+                                5, 0) for slot in range(batch))
+    runner._decode(decodes)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        runner._decode(decodes)
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = defaultdict(list)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[event.name].append(event.device_time)
+    total_us = sum(sum(times) for times in kernels.values())
+    top = sorted(kernels.items(), key=lambda item: -sum(item[1]))[:40]
+    return {"batch": batch, "num_kernels": sum(len(t) for t in kernels.values()), "kernel_time_us": total_us,
+            "top_kernels": [{"name": name[:120], "count": len(times), "total_us": sum(times)} for name, times in top]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="random:1.7b-custom_voice")
+    parser.add_argument("--batch", default="1,64")
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batch.split(",")]
+    model = load_model(args.model, LoadOptions.default_for("cuda"))
+    blocks_per_row = -(-(args.context + 80) // 32)
+    config = EngineConfig(max_running=max(batches), num_kv_blocks=max(batches) * blocks_per_row,
+                          max_positions_per_request=blocks_per_row * 32, use_cuda_graphs=False)
+    runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
+    results = []
+    for batch in batches:
+        result = profile_decode(runner, batch, args.context)
+        result["eager_step_ms"] = 1e3 * sorted(time_steps(runner, batch, args.context, 10))[5]
+        results.append(result)
+    report = {"benchmark": "profile_step", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "model": args.model,
+              "command": " ".join(["python -m benchmarks.profile_step", *(argv or sys.argv[1:])]), "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    for result in results:
+        sys.stdout.write(f"batch {result['batch']}: {result['num_kernels']} kernels, "
+                         f"{result['kernel_time_us'] / 1e3:.2f} ms of kernel time, eager step "
+                         f"{result['eager_step_ms']:.2f} ms\n")
+        for kernel in result["top_kernels"][:15]:
+            sys.stdout.write(f"  {kernel['count']:>5} x {kernel['total_us'] / kernel['count']:>7.1f} us  "
+                             f"{kernel['name']}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""One engine configuration: every number has one default, and the runner and the scheduler derive theirs from it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+
+import pytest
+
+from tts_service.api.config import ServerConfig
+from tts_service.engine.config import PROMPT_OVERHEAD_POSITIONS, EngineConfig
+
+FRAME_RATE_HZ = 12.5
+
+
+def test_the_runner_and_the_scheduler_agree_on_every_size_they_share() -> None:
+    config = EngineConfig(max_running=8, num_slots=12, block_size=16, codec_chunk_schedule=(1, 3, 6))
+    runner = config.runner_config(FRAME_RATE_HZ)
+    scheduler = config.scheduler_config(num_kv_blocks=100, frame_rate_hz=FRAME_RATE_HZ)
+    assert runner.block_size == scheduler.block_size == 16
+    assert runner.max_num_slots == scheduler.num_slots == 12 and scheduler.max_running == 8
+    assert runner.codec_graph_chunk_sizes == scheduler.codec_chunk_schedule == (1, 3, 6)
+    assert runner.max_positions_per_request == scheduler.max_positions_per_request
+    assert scheduler.frame_duration_s == pytest.approx(0.08)
+
+
+def test_a_request_has_room_for_the_longest_text_audio_and_reference_the_limits_allow() -> None:
+    config = EngineConfig(max_text_chars=100, max_audio_s=10.0, max_reference_audio_s=4.0)
+    expected = math.ceil(10.0 * FRAME_RATE_HZ) + math.ceil(4.0 * FRAME_RATE_HZ) + 2 * 100 + PROMPT_OVERHEAD_POSITIONS
+    assert config.positions_per_request(FRAME_RATE_HZ) == expected
+    assert EngineConfig(max_positions_per_request=300).runner_config(FRAME_RATE_HZ).max_positions_per_request == 300
+
+
+def test_the_servers_flags_default_to_the_engines_defaults() -> None:
+    from_flags = ServerConfig().engine_config()
+    defaults = EngineConfig()
+    assert [(item.name, getattr(from_flags, item.name)) for item in fields(EngineConfig)] == [
+        (item.name, getattr(defaults, item.name)) for item in fields(EngineConfig)]
+
+
+@pytest.mark.parametrize("settings", [
+    {"max_running": 0}, {"max_running": 8, "num_slots": 4}, {"max_waiting": 0}, {"max_audio_s": 0.0},
+    {"max_unread_audio_s": float("inf")}, {"max_positions_per_request": 0}, {"max_text_chars": 0},
+])
+def test_invalid_settings_are_refused_with_their_name(settings: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(reversed(settings)))):
+        EngineConfig(**settings)

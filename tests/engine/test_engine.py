@@ -1,0 +1,305 @@
+"""The asyncio engine on the tiny model: many concurrent requests, equal to the eager path."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from scheduler.request import FinishReason
+from scheduler.scheduler import QueueFullError
+from tts_service.eager.generate import GenerationRequest, generate_codes
+from tts_service.eager.synthesize import EagerSynthesizer
+from tts_service.engine.config import EngineConfig
+from tts_service.engine.engine import Engine
+from tts_service.engine.streams import RequestFailed, SynthesisRequest
+from tts_service.model.prompts import PromptError, SynthesisInput
+from tts_service.runner.params import GenerationParams, SamplingParams
+
+GREEDY = SamplingParams(0.0)
+TEXTS = ["Hello there, how are you?", "Short.", "A longer sentence, so that prompts differ in length a lot.",
+         "Numbers: 1, 2, 3.", "Why not?", "The quick brown fox jumps over the lazy dog."]
+SPEAKERS = ["ryan", "eric", "serena"]
+
+
+def make_engine(model, *, max_running: int = 4, num_slots: int = 6, num_kv_blocks: int = 128,
+                max_waiting: int = 64, chunk_schedule: tuple[int, ...] = (1, 2, 4), clock=time.monotonic) -> Engine:
+    config = EngineConfig(max_running=max_running, num_slots=num_slots, max_waiting=max_waiting, block_size=4,
+                          num_kv_blocks=num_kv_blocks, max_positions_per_request=256,
+                          codec_chunk_schedule=chunk_schedule)
+    return Engine.create(model, config, clock)
+
+
+def mixed_requests(count: int) -> list[tuple[SynthesisInput, GenerationParams]]:
+    requests = []
+    for index in range(count):
+        synthesis = SynthesisInput(TEXTS[index % len(TEXTS)], "english" if index % 2 else "auto",
+                                   SPEAKERS[index % len(SPEAKERS)], non_streaming_mode=index % 5 == 4)
+        if index % 3 == 0:
+            params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=6 + index)
+        else:
+            params = GenerationParams(talker=SamplingParams(0.8, top_k=20, top_p=0.9), seed=100 + index,
+                                      repetition_penalty=1.0 + 0.1 * (index % 4), max_new_frames=5 + 2 * index)
+        requests.append((synthesis, params))
+    return requests
+
+
+def eager_codes(model, requests: list[tuple[SynthesisInput, GenerationParams]]) -> list[torch.Tensor]:
+    prompts = EagerSynthesizer(model).prompts
+    batch = [GenerationRequest(prompts.build(s), p,
+                               s.clone.speaker_embedding if s.clone is not None else None) for s, p in requests]
+    return [generated.codes for generated in generate_codes(model.talker, batch, model.config.tts_pad_token_id)]
+
+
+def one_shot_audio(model, codes: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return model.codec_decoder(torch.from_numpy(codes).T[None])[0, 0].numpy()
+
+
+async def run_all(engine: Engine, requests: list[SynthesisRequest]):
+    engine.start()
+    try:
+        streams = [engine.submit(request) for request in requests]
+        return await asyncio.gather(*(stream.collect() for stream in streams))
+    finally:
+        await engine.stop()
+
+
+def test_concurrent_requests_equal_eager_generation_and_stream_equal_offline_audio(tiny_models) -> None:
+    model = tiny_models["custom_voice"]
+    requests = mixed_requests(10)
+    engine = make_engine(model, max_running=3)
+    results = asyncio.run(run_all(engine, [SynthesisRequest(f"r{i}", s, p) for i, (s, p) in enumerate(requests)]))
+    for (waveform, summary), want in zip(results, eager_codes(model, requests), strict=True):
+        assert summary.finish_reason in (FinishReason.STOPPED, FinishReason.LENGTH)
+        assert torch.equal(torch.from_numpy(summary.codes), want)
+        assert waveform.shape == (summary.num_frames * model.speech_config.samples_per_frame,)
+        if summary.num_frames:
+            assert np.abs(waveform - one_shot_audio(model, summary.codes)).max() <= 1e-4
+        assert summary.time_to_first_audio_s is None or summary.time_to_first_audio_s > 0
+    assert engine.scheduler.num_kv_blocks_used == 0 and engine.scheduler.num_slots_used == 0
+    stats = engine.stats
+    assert stats.num_prefills == len(requests)
+    assert stats.num_codec_frames == sum(summary.num_frames for _, summary in results)
+    assert 0 < stats.execute_s <= stats.loop_s
+
+
+def test_preempted_requests_resume_with_identical_codes_and_audio(tiny_models) -> None:
+    model = tiny_models["custom_voice"]
+    requests = [(s, replace(p, max_new_frames=30, min_new_frames=30)) for s, p in mixed_requests(4)]
+    prompts = EagerSynthesizer(model).prompts
+    blocks_needed = [-(-(prompts.build(s).num_positions + 30) // 4) for s, _ in requests]
+    # Room for the largest request and half of the rest: running all four at once must preempt.
+    engine = make_engine(model, max_running=4,
+                         num_kv_blocks=max(blocks_needed) + (sum(blocks_needed) - max(blocks_needed)) // 2)
+    results = asyncio.run(run_all(engine, [SynthesisRequest(f"r{i}", s, p) for i, (s, p) in enumerate(requests)]))
+    assert engine.scheduler.num_preemptions_total > 0
+    for (waveform, summary), want in zip(results, eager_codes(model, requests), strict=True):
+        assert torch.equal(torch.from_numpy(summary.codes), want)
+        assert np.abs(waveform - one_shot_audio(model, summary.codes)).max() <= 1e-4
+
+
+async def feed(engine: Engine, request_id: str, fragments: list[str]) -> None:
+    for fragment in fragments:
+        engine.append_text(request_id, fragment)
+        await asyncio.sleep(0.01)  # let the engine run steps between fragments, as an LLM would
+    engine.close_text(request_id)
+
+
+def test_text_arriving_in_fragments_gives_the_whole_text_codes(tiny_models) -> None:
+    model = tiny_models["custom_voice"]
+    text = "Streaming text arrives, one LLM token at a time; it'll still say 12.5 words."
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=40)
+    synthesis = SynthesisInput(text, "english", "ryan")
+    fragments = [text[i:i + 3] for i in range(0, len(text), 3)]
+
+    async def scenario():
+        engine = make_engine(model)
+        engine.start()
+        stream = engine.submit(SynthesisRequest("open", replace(synthesis, text=""), params, is_text_open=True))
+        await feed(engine, "open", fragments)
+        result = await stream.collect()
+        await engine.stop()
+        return result
+
+    _, summary = asyncio.run(scenario())
+    want = eager_codes(model, [(synthesis, params)])[0]
+    assert torch.equal(torch.from_numpy(summary.codes), want)
+    assert summary.num_text_tokens == len(EagerSynthesizer(model).prompts.assistant_token_ids(text)[1])
+
+
+def test_a_request_parked_for_text_does_not_hold_up_the_others(tiny_models) -> None:
+    model = tiny_models["custom_voice"]
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=12, min_new_frames=12)
+    open_input = SynthesisInput("", "english", "ryan")
+
+    async def scenario():
+        engine = make_engine(model)
+        engine.start()
+        parked = engine.submit(SynthesisRequest("open", open_input, params, is_text_open=True))
+        engine.append_text("open", "Hello there ")
+        other = engine.submit(SynthesisRequest("other", SynthesisInput("Good morning.", "auto", "eric"), params))
+        _, other_summary = await other.collect()
+        was_parked = engine.scheduler.num_parked == 1
+        engine.append_text("open", "friend.")
+        engine.close_text("open")
+        _, parked_summary = await parked.collect()
+        await engine.stop()
+        return other_summary, parked_summary, was_parked
+
+    other_summary, parked_summary, was_parked = asyncio.run(scenario())
+    assert was_parked
+    assert other_summary.finish_reason is FinishReason.LENGTH and other_summary.num_frames == 12
+    assert parked_summary.finish_reason is FinishReason.LENGTH and parked_summary.num_frames == 12
+
+
+def test_abort_mid_stream_ends_that_stream_and_frees_its_memory(tiny_models) -> None:
+    model = tiny_models["custom_voice"]
+    long_params = GenerationParams(max_new_frames=200, min_new_frames=200, seed=1)
+    short_params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=10)
+    short_input = SynthesisInput("Good morning.", "auto", "eric")
+
+    async def scenario():
+        engine = make_engine(model)
+        engine.start()
+        doomed = engine.submit(SynthesisRequest("doomed", SynthesisInput("Talk for a long time.", "auto", "ryan"),
+                                                long_params))
+        survivor = engine.submit(SynthesisRequest("survivor", short_input, short_params))
+        chunks = 0
+        async for _ in doomed:
+            chunks += 1
+            if chunks == 2:
+                engine.abort("doomed")
+        result = await survivor.collect()
+        await asyncio.sleep(0.05)
+        idle_blocks = engine.scheduler.num_kv_blocks_used
+        await engine.stop()
+        return doomed.summary, result, idle_blocks
+
+    doomed_summary, (_, survivor_summary), idle_blocks = asyncio.run(scenario())
+    assert doomed_summary.finish_reason is FinishReason.ABORTED
+    assert doomed_summary.num_frames < 200
+    assert torch.equal(torch.from_numpy(survivor_summary.codes),
+                       eager_codes(model, [(short_input, short_params)])[0])
+    assert idle_blocks == 0
+
+
+def test_in_context_clone_streams_the_eager_synthesizers_audio(tiny_models) -> None:
+    model = tiny_models["base"]
+    synthesizer = EagerSynthesizer(model)
+    reference = np.sin(np.linspace(0, 400 * np.pi, 24000 * 2)).astype(np.float32) * 0.3
+    clone = synthesizer.clone_voice(reference, "A reference sentence.", x_vector_only=False)
+    synthesis = SynthesisInput("Cloned speech, streamed.", "english", clone=clone)
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=9, min_new_frames=9)
+    expected = synthesizer.synthesize([synthesis], [params])[0]
+    engine = make_engine(model)
+    [(waveform, summary)] = asyncio.run(run_all(engine, [SynthesisRequest("clone", synthesis, params)]))
+    assert torch.equal(torch.from_numpy(summary.codes), expected.codes)
+    assert np.abs(waveform - expected.waveform).max() <= 1e-4
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(tiny_models, monkeypatch) -> None:
+    model = tiny_models["custom_voice"]
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=6)
+    synthesis = SynthesisInput("Good morning.", "auto", "eric")
+
+    async def scenario():
+        engine = make_engine(model)
+        original = engine.runner.execute
+        calls = {"count": 0}
+
+        def flaky(step):
+            calls["count"] += 1
+            if calls["count"] == 3:
+                raise RuntimeError("injected fault")
+            return original(step)
+
+        monkeypatch.setattr(engine.runner, "execute", flaky)
+        engine.start()
+        victim = engine.submit(SynthesisRequest("victim", synthesis, params))
+        with pytest.raises(RequestFailed, match="injected fault"):
+            await victim.collect()
+        _, later = await engine.submit(SynthesisRequest("later", synthesis, params)).collect()
+        await engine.stop()
+        return victim.summary, later
+
+    victim_summary, later = asyncio.run(scenario())
+    assert victim_summary.finish_reason is FinishReason.ERROR
+    assert torch.equal(torch.from_numpy(later.codes), eager_codes(model, [(synthesis, params)])[0])
+
+
+def test_open_text_closed_without_words_fails_naming_the_text_field(tiny_models) -> None:
+    model = tiny_models["custom_voice"]
+
+    async def scenario():
+        engine = make_engine(model)
+        engine.start()
+        stream = engine.submit(SynthesisRequest("blank", SynthesisInput("", "auto", "ryan"), GenerationParams(),
+                                                is_text_open=True))
+        engine.append_text("blank", "   \n ")
+        engine.close_text("blank")
+        try:
+            await stream.collect()
+        finally:
+            await engine.stop()
+
+    with pytest.raises(PromptError) as caught:
+        asyncio.run(scenario())
+    assert caught.value.field == "text"
+
+
+def test_a_full_queue_refuses_at_submit_and_keeps_the_queued(tiny_models) -> None:
+    model = tiny_models["custom_voice"]
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=4)
+    synthesis = SynthesisInput("Good morning.", "auto", "eric")
+
+    async def scenario():
+        engine = make_engine(model, max_waiting=1)
+        engine.start()
+        first = engine.submit(SynthesisRequest("first", synthesis, params))
+        with pytest.raises(QueueFullError):
+            engine.submit(SynthesisRequest("second", synthesis, params))
+        _, summary = await first.collect()
+        await engine.stop()
+        return summary
+
+    assert asyncio.run(scenario()).num_frames == 4
+
+
+class TickingClock:
+    """Advances a fixed amount per reading, so a deadline falls after a fixed amount of engine work."""
+
+    def __init__(self, tick: float) -> None:
+        self.now = 0.0
+        self.tick = tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+@pytest.mark.parametrize("deadline_after_s", [0.0, 0.5])
+def test_a_passed_deadline_aborts_the_request_queued_or_decoding(tiny_models, deadline_after_s: float) -> None:
+    model = tiny_models["custom_voice"]
+    params = GenerationParams(max_new_frames=200, min_new_frames=200)
+
+    async def scenario():
+        clock = TickingClock(0.01)
+        engine = make_engine(model, clock=clock)
+        engine.start()
+        stream = engine.submit(SynthesisRequest("late", SynthesisInput("Hello.", "auto", "eric"), params,
+                                                deadline=clock.now + deadline_after_s))
+        _, summary = await stream.collect()
+        await engine.stop()
+        return summary
+
+    summary = asyncio.run(scenario())
+    assert summary.finish_reason is FinishReason.ABORTED
+    if deadline_after_s == 0.0:
+        assert summary.num_frames == 0
+    else:
+        assert 0 < summary.num_frames < 200

@@ -1,0 +1,206 @@
+"""The server's configuration: command-line flags over environment variables over defaults.
+
+This is the only module that reads the environment. Every flag `--some-name` has the variable
+`QWEN3_TTS_SOME_NAME`; API keys may also come from `QWEN3_TTS_API_KEYS` (comma-separated), which
+suits a secret mounted as an environment variable. Tracing follows the standard OpenTelemetry
+variables: it is on when an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT or
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), unless OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none;
+the SDK reads the rest of them itself. The result is one frozen, validated ServerConfig, printed
+once at start with the keys redacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from observability.logs import LOG_FORMATS
+from tts_service.engine.config import EngineConfig
+from tts_service.model.sources import DEFAULT_MODEL
+
+ENV_PREFIX = "QWEN3_TTS_"
+API_KEYS_ENV = "QWEN3_TTS_API_KEYS"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_ENGINE = EngineConfig()
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str = DEFAULT_MODEL
+    device: str = "auto"  # "auto": CUDA when available, else the CPU
+    host: str = "[::]"
+    port: int = 50051  # 0: any free port
+    metrics_port: int | None = None  # Prometheus metrics over HTTP on this port; None: no metrics endpoint
+    # grpc.health.v1 alone, in plaintext, on this port: for probes that cannot speak TLS (the kubelet's).
+    health_port: int | None = None
+    # The engine's settings keep the engine's defaults (EngineConfig), under the names of their flags.
+    max_text_chars: int = _ENGINE.max_text_chars
+    max_concurrent: int = _ENGINE.max_running  # requests generating at once (the engine's slots and batch)
+    max_waiting: int = _ENGINE.max_waiting  # queued requests before RESOURCE_EXHAUSTED
+    max_message_bytes: int = 32 * 1024 * 1024
+    max_reference_audio_seconds: float = _ENGINE.max_reference_audio_s
+    max_audio_seconds: float = _ENGINE.max_audio_s  # per request; also the default when a request sets none
+    max_stream_seconds: float = 600.0  # a StreamingSynthesize call's whole life
+    stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
+    # A streamed call's audio its reader has not taken; then it pauses.
+    max_unread_audio_seconds: float = _ENGINE.max_unread_audio_s
+    kv_blocks: int | None = _ENGINE.num_kv_blocks  # the KV cache's size in blocks; None: from free GPU memory
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # set: clients must present a certificate it signed (mTLS)
+    api_keys: frozenset[str] = field(default=frozenset(), repr=False)
+    drain_timeout_seconds: float = 30.0
+    log_level: str = "INFO"
+    log_format: str = "json"  # json: one object per line, for log collectors; text: for a terminal
+    is_tracing_enabled: bool = False  # from the OTEL_* variables: spans exported over OTLP/gRPC
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, "port", f"must be 0-65535, got {self.port}")
+        for name in ("metrics_port", "health_port"):
+            port = getattr(self, name)
+            _require(port is None or 0 < port <= 65535, name, f"must be 1-65535, got {port}")
+        _require(self.health_port is None or self.health_port not in (self.port, self.metrics_port), "health_port",
+                 "must differ from --port and --metrics-port")
+        for name in ("max_text_chars", "max_concurrent", "max_waiting", "max_message_bytes"):
+            _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        if self.kv_blocks is not None:
+            _require(self.kv_blocks >= 1, "kv_blocks", f"must be >= 1, got {self.kv_blocks}")
+        for name in ("max_reference_audio_seconds", "max_audio_seconds", "max_stream_seconds",
+                     "stream_idle_timeout_seconds", "max_unread_audio_seconds"):
+            _require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+        _require(self.drain_timeout_seconds >= 0, "drain_timeout_seconds",
+                 f"must be >= 0, got {self.drain_timeout_seconds}")
+        _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
+        _require(self.log_format in LOG_FORMATS, "log_format", f"must be one of {', '.join(LOG_FORMATS)}")
+        _require((self.tls_cert is None) == (self.tls_key is None), "tls_cert",
+                 "--tls-cert and --tls-key go together")
+        _require(self.tls_client_ca is None or self.tls_cert is not None, "tls_client_ca",
+                 "mTLS needs the server's own --tls-cert and --tls-key")
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            path = getattr(self, name)
+            _require(path is None or path.is_file(), name, f"{path} is not a file")
+        _require(all(key and key.strip() == key for key in self.api_keys), "api_keys",
+                 "keys must be non-empty and carry no surrounding whitespace")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def bare_host(self) -> str:
+        """The host as socket APIs take it: an IPv6 address without gRPC's brackets ("[::]" -> "::")."""
+        return self.host.removeprefix("[").removesuffix("]")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls_cert is not None
+
+    def engine_config(self) -> EngineConfig:
+        """The engine under these limits; what no flag sets keeps the engine's default."""
+        return EngineConfig(max_running=self.max_concurrent, max_waiting=self.max_waiting,
+                            max_text_chars=self.max_text_chars, max_audio_s=self.max_audio_seconds,
+                            max_reference_audio_s=self.max_reference_audio_seconds,
+                            max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks)
+
+    def describe(self) -> str:
+        """One line per setting, for the start-up log; API keys appear only as a count."""
+        lines = []
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name == "api_keys":
+                value = f"{len(value)} key(s), redacted" if value else "none (no authentication)"
+            lines.append(f"  {item.name}: {value}")
+        return "\n".join(lines)
+
+
+def _require(condition: bool, name: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"--{name.replace('_', '-')}: {message}")
+
+
+def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    defaults = ServerConfig()
+    parser = argparse.ArgumentParser(
+        prog="qwen3-tts-server",
+        description="Serve a Qwen3-TTS 12 Hz model over gRPC. Every flag can also be set as the environment "
+                    f"variable {ENV_PREFIX}<FLAG> (e.g. {ENV_PREFIX}PORT); flags win.")
+
+    def add(flag: str, kind: type, help_text: str) -> None:
+        name = flag.replace("-", "_")
+        env_name = ENV_PREFIX + name.upper()
+        default = environ.get(env_name, getattr(defaults, name, None))
+        # argparse converts string defaults (here: from the environment) with `type` too.
+        parser.add_argument(f"--{flag}", type=kind, default=default, help=f"{help_text} [env {env_name}]")
+
+    add("model", str, f"checkpoint directory, Hugging Face repo id, or random:<size>-<type> (default {DEFAULT_MODEL})")
+    add("device", str, "cuda, cuda:N, cpu, or auto (CUDA when available)")
+    add("host", str, "address to listen on (default [::], every interface)")
+    add("port", int, "port to listen on; 0 picks a free one (default 50051)")
+    add("metrics-port", int, "port for Prometheus metrics over HTTP (/metrics); unset: none")
+    add("health-port", int, "port serving only grpc.health.v1 in plaintext, for probes that cannot use TLS; "
+                            "unset: none (health is always served on --port too)")
+    add("max-text-chars", int, "most characters of text per request")
+    add("max-concurrent", int, "requests generating at once")
+    add("max-waiting", int, "queued requests beyond which new ones get RESOURCE_EXHAUSTED")
+    add("max-message-bytes", int, "largest request message accepted")
+    add("max-reference-audio-seconds", float, "longest voice-cloning reference recording")
+    add("max-audio-seconds", float, "longest audio one request may generate (and the default)")
+    add("max-stream-seconds", float, "longest StreamingSynthesize call")
+    add("stream-idle-timeout-seconds", float, "longest wait for the next text of a StreamingSynthesize call")
+    add("max-unread-audio-seconds", float, "audio a streaming reader may leave unread before its request pauses")
+    add("kv-blocks", int, "KV cache size in blocks (default: from free GPU memory)")
+    add("tls-cert", Path, "PEM certificate chain of the server (enables TLS)")
+    add("tls-key", Path, "PEM private key of the server")
+    add("tls-client-ca", Path, "PEM CA bundle; clients must present a certificate it signed (mTLS)")
+    add("api-keys-file", Path, f"file of accepted API keys, one per line, # comments (or env {API_KEYS_ENV})")
+    add("drain-timeout-seconds", float, "on SIGTERM/SIGINT, how long running calls may take to finish")
+    add("log-level", str.upper, f"one of {', '.join(LOG_LEVELS)}")
+    add("log-format", str.lower, "json (one object per line, with request and trace ids) or text")
+    return parser
+
+
+def read_api_keys(path: Path) -> frozenset[str]:
+    """Keys from a file: one per line; blank lines and lines starting with # are skipped."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"--api-keys-file: cannot read {path}: {error.strerror}") from None
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
+
+
+def load_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """Flags (`argv`, default sys.argv) over the environment (default os.environ) over the defaults."""
+    environ = os.environ if environ is None else environ
+    args = vars(_parser(environ).parse_args(argv))
+    keys_file = args.pop("api_keys_file")
+    keys = read_api_keys(Path(keys_file)) if keys_file else frozenset()
+    keys |= {key.strip() for key in environ.get(API_KEYS_ENV, "").split(",") if key.strip()}
+    return ServerConfig(**args, api_keys=keys, is_tracing_enabled=is_tracing_enabled(environ))
+
+
+def is_tracing_enabled(environ: Mapping[str, str]) -> bool:
+    """Whether the OTEL_* variables ask for traces that this server can send (OTLP over gRPC)."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    if exporter == "none":
+        return False
+    if exporter != "otlp":
+        raise ConfigError(f"OTEL_TRACES_EXPORTER: this server exports traces with otlp (or none), not {exporter!r}")
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not endpoint:
+        return False
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = environ.get(name)
+        if protocol:
+            if protocol.strip().lower() != "grpc":
+                raise ConfigError(f"{name}: this server sends OTLP over grpc, not {protocol!r}")
+            break
+    return True

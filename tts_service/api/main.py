@@ -1,0 +1,161 @@
+"""`python -m tts_service` / `qwen3-tts-server`: configuration -> model -> engine -> gRPC server.
+
+The server listens before the model has loaded, so health checks answer NOT_SERVING (and speech
+calls UNAVAILABLE) during a load that can take minutes; it turns SERVING once the engine runs and
+one short warm-up synthesis has gone through it.
+SIGTERM or SIGINT drains it: NOT_SERVING, new calls refused, running calls given the drain
+timeout to finish, then the engine stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, TypeVar
+
+from observability.logs import configure_logging
+from tts_service.api.config import ConfigError, ServerConfig, load_config
+
+if TYPE_CHECKING:
+    from observability.metrics import ServiceMetrics
+    from observability.tracing import CallTracer
+    from tts_service.engine import Engine, ModelInfo
+
+T = TypeVar("T")
+
+logger = logging.getLogger("tts_service")
+
+
+def package_version() -> str:
+    try:
+        return version("qwen3-tts-service")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+source"
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_engine(config: ServerConfig) -> Engine:
+    """The configured model (offline, the default one falls back to a tiny random model) in an engine, not started."""
+    from tts_service.engine import Engine
+
+    return Engine.load(config.model, resolve_device(config.device), config.engine_config())
+
+
+def in_daemon_thread(function: Callable[[], T]) -> asyncio.Future[T]:
+    """Run `function` in a daemon thread, so that a shutdown during a long model load need not wait for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)  # type: ignore[arg-type]
+        else:
+            future.set_exception(error)
+
+    def run() -> None:
+        try:
+            result, error = function(), None
+        except BaseException as caught:  # handed to the loop, which raises it where it is awaited
+            result, error = None, caught
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for the model any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="tts-model-load", daemon=True).start()
+    return future
+
+
+def start_metrics(config: ServerConfig, model: ModelInfo) -> ServiceMetrics | None:
+    """The metrics, served over HTTP on the metrics port; None when no port is configured."""
+    if config.metrics_port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    from observability.metrics import ServiceMetrics, mode_label
+
+    mode = mode_label(model.model_type)
+    metrics = ServiceMetrics(model.source, mode)
+    metrics.build_info.info({"version": package_version(), "model": model.source, "mode": mode,
+                             "dtype": model.dtype, "device": model.device})
+    start_http_server(config.metrics_port, addr=config.bare_host, registry=metrics.registry)
+    logger.info("metrics on http://%s:%d/metrics", config.host, config.metrics_port)
+    return metrics
+
+
+def start_tracing(config: ServerConfig, model: ModelInfo) -> CallTracer | None:
+    """Spans of speech calls exported over OTLP, as the OTEL_* variables configure; None when tracing is off."""
+    if not config.is_tracing_enabled:
+        return None
+    from observability.metrics import mode_label
+    from observability.tracing import CallTracer, otlp_provider
+
+    logger.info("tracing: spans exported over OTLP/gRPC")
+    return CallTracer(otlp_provider(package_version()), model.source, mode_label(model.model_type))
+
+
+async def serve(config: ServerConfig) -> int:
+    from tts_service.api.server import TtsServer
+    from tts_service.engine import CheckpointError, RequestFailed
+
+    server = TtsServer(config)
+    tracer: CallTracer | None = None
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        # In a thread, so that health checks are answered while the model loads.
+        loading = in_daemon_thread(lambda: load_engine(config))
+        await asyncio.wait([loading, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():
+            logger.info("stopping before the model finished loading")
+            return 0
+        engine = loading.result()
+        engine.start()
+        try:
+            await engine.warm_up()
+        except RequestFailed as error:  # the engine cannot synthesize: serving would fail every call
+            logger.error("the warm-up synthesis failed: %s", error)
+            return 1
+        tracer = start_tracing(config, engine.model_info)
+        await server.serve(engine, start_metrics(config, engine.model_info), tracer)
+        await stop.wait()
+        logger.info("shutdown requested")
+        return 0
+    except (CheckpointError, ValueError, OSError) as error:
+        logger.error("cannot load the model: %s", error)
+        return 1
+    finally:
+        await server.shutdown()
+        if tracer is not None:
+            tracer.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = load_config(argv)
+    except ConfigError as error:
+        sys.stderr.write(f"qwen3-tts-server: {error}\n")
+        return 2
+    configure_logging(config.log_level, config.log_format)
+    logger.info("configuration:\n%s", config.describe())
+    return asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,427 @@
+"""The gRPC server: the public API (proto/qwen3_tts/v1/tts.proto) translated to and from the engine.
+
+The servicer only translates: requests become SynthesisRequests, engine errors become status
+codes, audio chunks become encoded bytes. The engine owns scheduling. Around the servicer sit
+the standard gRPC health service (NOT_SERVING until the engine runs, and again while draining),
+server reflection (so grpcurl needs no .proto), an API-key check and an admission check that
+answers UNAVAILABLE while the server is starting or draining (`interceptors.py`). Which status an
+error becomes is `api_errors.py`; how messages become engine terms and back is `api_messages.py`;
+the bidirectional call's reading, flush acks and limits are `text_call.py`.
+
+Every engine call happens on the event loop's thread, as the engine requires: gRPC's asyncio
+server runs every handler there. Reference audio is decoded in a worker thread and the engine
+clones voices in its own, so that the loop keeps serving. The servicer talks to the engine's
+public methods only, never to its runner or scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
+
+from observability.calls import CallRecord, CallResult
+from observability.logs import bind_call
+from observability.metrics import LiveState, ServiceMetrics
+from observability.tracing import CallTracer, trace_id_of
+from tts_service.api.config import ServerConfig
+from tts_service.api.errors import ApiError, answering_errors
+from tts_service.api.interceptors import AdmissionInterceptor, ApiKeyInterceptor, ServingState
+from tts_service.api.messages import (
+    ENCODING_NUMBERS,
+    ChunkEncoder,
+    check_clone_request,
+    check_text_length,
+    completion,
+    decode_reference,
+    generation_params,
+    output_format,
+    output_formats,
+    run_encoder,
+    synthesis_input,
+)
+from tts_service.api.text_call import TextCall, first_config
+from tts_service.audio.output import (
+    OutputFormat,
+    encode_whole,
+)
+from tts_service.audio.reference import AudioLimits
+from tts_service.engine import (
+    Engine,
+    GenerationParams,
+    ModelInfo,
+    RequestFailed,
+    RequestStream,
+    SynthesisInput,
+    SynthesisRequest,
+    SynthesisSummary,
+    VoiceClone,
+)
+
+logger = logging.getLogger(__name__)
+
+pb: Any = tts_pb2
+REQUEST_ID_HEADER = "x-request-id"
+_MODEL_MODES = {
+    "custom_voice": pb.MODEL_MODE_CUSTOM_VOICE, "voice_design": pb.MODEL_MODE_VOICE_DESIGN,
+    "base": pb.MODEL_MODE_VOICE_CLONE,
+}
+
+
+# -- the servicer ---------------------------------------------------------------------------------
+
+
+class CallTracker:
+    """Counts the calls in progress, so that draining can wait for them."""
+
+    def __init__(self) -> None:
+        self.num_active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def track(self) -> AsyncIterator[None]:
+        self.num_active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.num_active -= 1
+            if self.num_active == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        return self.num_active == 0
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    request_id: str
+    synthesis: SynthesisInput
+    params: GenerationParams
+    output: OutputFormat
+
+
+class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
+    def __init__(self, config: ServerConfig, calls: CallTracker) -> None:
+        self.config = config
+        self.calls = calls
+        self.engine: Engine | None = None
+        self.metrics: ServiceMetrics | None = None
+        self.tracer: CallTracer | None = None
+        self._reference_limits = AudioLimits(max_seconds=config.max_reference_audio_seconds)
+        # One reference recording decoded at a time: decoding is heavy and must stay off the event loop.
+        self._decode_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-reference-audio")
+
+    def close(self) -> None:
+        self._decode_executor.shutdown(wait=False, cancel_futures=True)
+
+    @contextlib.asynccontextmanager
+    async def _call(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[CallRecord]:
+        """A speech call's frame: request id (also sent as a header), drain tracking, observation, errors as
+        statuses."""
+        record = CallRecord(rpc, uuid.uuid4().hex)
+        async with self.calls.track(), self._observed(record, context), answering_errors(context):
+            await context.send_initial_metadata(((REQUEST_ID_HEADER, record.request_id),))
+            try:
+                yield record
+            except RequestFailed as error:  # the engine's summary says how far the request got
+                self._finish_record(record, error.summary)
+                raise
+
+    @contextlib.asynccontextmanager
+    async def _observed(self, record: CallRecord, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """The call's span and log tags from its start; metrics and the span's end with the status it ends with."""
+        tracer = self.tracer
+        span = tracer.start(record, context.invocation_metadata() or ()) if tracer is not None else None
+        bind_call(record.request_id, trace_id_of(span) if span is not None else None)
+        status = "OK"
+        try:
+            yield
+        except grpc.aio.AbortError:
+            code = context.code()
+            status = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            # The call ended under the handler: the client went away, or its deadline passed.
+            remaining_s = context.time_remaining()
+            status = "DEADLINE_EXCEEDED" if remaining_s is not None and remaining_s <= 0 else "CANCELLED"
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe_call(record, status)
+            if tracer is not None and span is not None:
+                tracer.end(span, record, status)
+
+    def _finish_record(self, record: CallRecord, summary: SynthesisSummary) -> None:
+        record.result = CallResult(summary.finish_reason.value, summary.timeline, summary.num_frames,
+                                   summary.num_text_tokens, self._engine().model_info.audio_seconds(summary.num_frames))
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading its model; retry")
+        return self.engine
+
+    # ListVoices
+
+    async def ListVoices(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with answering_errors(context):
+            return self._voices(self._engine().model_info)
+
+    def _voices(self, model: ModelInfo) -> Any:
+        speakers = [pb.Speaker(name=name, dialect=model.speaker_dialects[name] or "") for name in model.speakers]
+        config = self.config
+        limits = pb.Limits(max_text_chars=config.max_text_chars, max_audio_seconds=config.max_audio_seconds,
+                           max_reference_audio_seconds=config.max_reference_audio_seconds,
+                           max_message_bytes=config.max_message_bytes,
+                           stream_idle_timeout_seconds=config.stream_idle_timeout_seconds,
+                           max_stream_seconds=config.max_stream_seconds)
+        return pb.ListVoicesResponse(
+            model=model.source, mode=_MODEL_MODES.get(model.model_type, pb.MODEL_MODE_UNSPECIFIED),
+            model_size=model.model_size, speakers=speakers, languages=list(model.languages),
+            accepts_instruction=model.accepts_instruction, supports_in_context_clone=model.can_clone_in_context,
+            random_weights=model.is_random, native_sample_rate=model.sample_rate, output_formats=output_formats(),
+            limits=limits)
+
+    # Synthesize
+
+    async def Synthesize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with self._call("Synthesize", context) as record:
+            engine = self._engine()
+            prepared = await self._prepare(record, request.text, request.voice, request.generation,
+                                           request.audio_format)
+            stream = self._submit(engine, prepared, record, context, is_text_open=False)
+            try:
+                waveform, summary = await stream.collect()
+            finally:
+                engine.abort(record.request_id)
+            audio = await asyncio.to_thread(encode_whole, waveform, prepared.output)
+            self._finish_record(record, summary)
+            self._log_done(summary)
+            return pb.SynthesizeResponse(
+                audio=audio, mime_type=prepared.output.mime_type, completion=self._completion(summary),
+                audio_format=pb.AudioFormat(encoding=ENCODING_NUMBERS[prepared.output.encoding],
+                                            sample_rate=prepared.output.sample_rate))
+
+    # SynthesizeOnline
+
+    async def SynthesizeOnline(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with self._call("SynthesizeOnline", context) as record:
+            engine = self._engine()
+            prepared = await self._prepare(record, request.text, request.voice, request.generation,
+                                           request.audio_format)
+            stream = self._submit(engine, prepared, record, context, is_text_open=False)
+            try:
+                async for message in self._audio_messages(stream, prepared.output, pb.SynthesizeOnlineResponse,
+                                                          record):
+                    yield message
+            finally:
+                engine.abort(record.request_id)
+
+    async def _audio_messages(self, stream: RequestStream, output: OutputFormat, message_type: Any,
+                              record: CallRecord) -> AsyncGenerator[Any, None]:
+        """The stream's audio as response messages; the last one carries the completion."""
+        encoder = ChunkEncoder(output)
+        async for piece in stream:
+            chunk = await run_encoder(encoder, lambda piece=piece: encoder.encode(piece.samples))
+            if chunk is not None:
+                record.add_chunk(chunk.offset_seconds)
+                yield message_type(chunk=chunk)
+        summary = stream.summary
+        assert summary is not None
+        last = message_type(completion=self._completion(summary))
+        chunk = await run_encoder(encoder, encoder.finish)
+        if chunk is not None:
+            record.add_chunk(chunk.offset_seconds)
+            last.chunk.CopyFrom(chunk)
+        self._finish_record(record, summary)
+        self._log_done(summary)
+        yield last
+
+    # StreamingSynthesize
+
+    async def StreamingSynthesize(self, request_iterator: AsyncIterator[Any],
+                                  context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with self._call("StreamingSynthesize", context) as record:
+            engine = self._engine()
+            started = time.monotonic()
+            config = await first_config(request_iterator, self.config)
+            prepared = await self._prepare(record, "", config.voice, config.generation, config.audio_format)
+            stream = self._submit(engine, prepared, record, context, is_text_open=True,
+                                  max_seconds=self.config.max_stream_seconds)
+            call = TextCall(self.config, engine, record, started)
+            audio = self._audio_messages(stream, prepared.output, pb.StreamingSynthesizeResponse, record)
+            async for message in call.responses(request_iterator, audio):
+                yield message
+
+    # Shared steps
+
+    async def _prepare(self, record: CallRecord, text: str, voice: Any, generation: Any,
+                       audio_format: Any) -> PreparedRequest:
+        """Check the request (the engine checks the voice at submit) and clone its voice, if any."""
+        engine = self._engine()
+        output = output_format(audio_format)
+        params = generation_params(generation, self.config, engine.model_info.frame_rate_hz)
+        check_text_length(text, "text", self.config)
+        check_text_length(voice.instruction, "voice.instruction", self.config)
+        record.num_text_chars = len(text)
+        clone = await self._clone(engine, voice, record) if voice.reference_audio else None
+        return PreparedRequest(record.request_id, synthesis_input(text, voice, clone, generation.non_streaming_text),
+                               params, output)
+
+    async def _clone(self, engine: Engine, voice: Any, record: CallRecord) -> VoiceClone:
+        check_clone_request(voice, engine.model_info)
+        started = time.monotonic()
+        try:
+            wav = await asyncio.get_running_loop().run_in_executor(self._decode_executor, decode_reference, voice,
+                                                                   self._reference_limits)
+            return await engine.clone_voice(wav, voice.reference_text or None, voice.x_vector_only)
+        finally:
+            record.voice_clone = (started, time.monotonic())
+
+    def _submit(self, engine: Engine, prepared: PreparedRequest, record: CallRecord,
+                context: grpc.aio.ServicerContext, is_text_open: bool,
+                max_seconds: float | None = None) -> RequestStream:
+        """Queue the request; its engine deadline is the call's deadline (or the stream's limit), if any."""
+        limits = [seconds for seconds in (context.time_remaining(), max_seconds) if seconds is not None]
+        deadline = engine.deadline_in(min(limits)) if limits else None
+        stream = engine.submit(SynthesisRequest(prepared.request_id, prepared.synthesis, prepared.params,
+                                                is_text_open=is_text_open, deadline=deadline))
+        record.is_submitted = True
+        return stream
+
+    def _completion(self, summary: SynthesisSummary) -> Any:
+        model = self._engine().model_info
+        return completion(summary, model.samples_per_frame, model.sample_rate)
+
+    @staticmethod
+    def _log_done(summary: SynthesisSummary) -> None:
+        logger.info("%s after %d frames (%d text tokens), queued %.3f s, first audio %s",
+                    summary.finish_reason.value, summary.num_frames, summary.num_text_tokens,
+                    summary.queue_time_s or 0.0, "-" if summary.time_to_first_audio_s is None
+                    else f"{summary.time_to_first_audio_s:.3f} s")
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+
+def watch_engine(metrics: ServiceMetrics, engine: Engine) -> None:
+    """Engine steps into the metrics, and gauges that read the engine's load when scraped."""
+    engine.add_step_observer(metrics.observe_step)
+    metrics.set_cuda_graphs(engine.captured_graph_batch_sizes())
+    metrics.watch(LiveState(num_running=lambda: engine.occupancy().num_running,
+                            num_waiting=lambda: engine.occupancy().num_waiting,
+                            num_parked=lambda: engine.occupancy().num_parked,
+                            num_preemptions_total=lambda: engine.occupancy().num_preemptions_total,
+                            num_kv_blocks_used=lambda: engine.occupancy().num_kv_blocks_used,
+                            num_kv_blocks_total=lambda: engine.occupancy().num_kv_blocks_total))
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    client_ca = config.tls_client_ca.read_bytes() if config.tls_client_ca is not None else None
+    return grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
+                                       root_certificates=client_ca, require_client_auth=client_ca is not None)
+
+
+class TtsServer:
+    """The listening server: start() it, serve() an engine once it runs, shutdown() to drain and stop.
+
+    Create it inside a running event loop.
+    """
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.state = ServingState()
+        self.calls = CallTracker()
+        self.health = health.aio.HealthServicer()
+        self.service = TextToSpeechService(config, self.calls)
+        interceptors: list[grpc.aio.ServerInterceptor] = [AdmissionInterceptor(self.state)]
+        if config.api_keys:
+            interceptors.insert(0, ApiKeyInterceptor(config.api_keys))
+        self._server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+        ])
+        tts_pb2_grpc.add_TextToSpeechServicer_to_server(self.service, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self._server)
+        credentials = server_credentials(config)
+        if credentials is None:
+            self.port = self._server.add_insecure_port(config.address)
+        else:
+            self.port = self._server.add_secure_port(config.address, credentials)
+        # The kubelet's gRPC probes speak plaintext only: a TLS server can offer them health alone.
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port: int | None = None
+        if config.health_port is not None:
+            self._health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+            self.health_port = self._health_server.add_insecure_port(f"{config.host}:{config.health_port}")
+
+    async def start(self) -> None:
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._server.start()
+        if self._health_server is not None:
+            await self._health_server.start()
+        logger.info("listening on %s:%d (%s)", self.config.host, self.port, "TLS" if self.config.uses_tls else
+                    "plaintext")
+
+    async def serve(self, engine: Engine, metrics: ServiceMetrics | None = None,
+                    tracer: CallTracer | None = None) -> None:
+        """Start answering speech calls with `engine`, which must be running; record into `metrics` and trace
+        with `tracer` when given."""
+        if metrics is not None:
+            watch_engine(metrics, engine)
+            self.service.metrics = metrics
+        self.service.tracer = tracer
+        self.service.engine = engine
+        self.state.is_ready = True
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        logger.info("serving %s", engine.model_info.source)
+
+    async def drain(self) -> bool:
+        """Refuse new calls and let running ones finish within the drain timeout; True when all did."""
+        self.state.is_draining = True
+        await self.health.enter_graceful_shutdown()
+        logger.info("draining: waiting up to %g s for %d call(s)", self.config.drain_timeout_seconds,
+                    self.calls.num_active)
+        is_idle = await self.calls.wait_idle(self.config.drain_timeout_seconds)
+        if not is_idle:
+            logger.warning("drain timeout: cancelling %d call(s)", self.calls.num_active)
+        return is_idle
+
+    async def shutdown(self) -> None:
+        """Drain, stop listening (cancelling what is left), then stop the engine."""
+        await self.drain()
+        await self._server.stop(grace=None)
+        if self._health_server is not None:
+            await self._health_server.stop(grace=None)
+        engine = self.service.engine
+        if engine is not None:
+            await engine.stop()
+        self.service.close()
+        logger.info("stopped")
+
+    async def wait_for_termination(self) -> None:
+        await self._server.wait_for_termination()
+
+    async def _set_health(self, status: int) -> None:
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status)

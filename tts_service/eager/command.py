@@ -1,0 +1,84 @@
+"""`qwen3-tts-synthesize`: text -> a WAV file on the eager path, with no server.
+
+Offline (no Hub access) and asked for the default model, it falls back to a tiny random-weight
+model and says so: the whole pipeline runs, but the audio is noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+from tts_service.audio.reference import ReferenceAudioError, decode_audio_file
+from tts_service.eager.synthesize import EagerSynthesizer
+from tts_service.model.checkpoint import CheckpointError, LoadOptions, load_with_offline_fallback
+from tts_service.model.prompts import PromptError, SynthesisInput
+from tts_service.model.sources import DEFAULT_MODEL, OFFLINE_FALLBACK_MODEL
+from tts_service.runner.params import GenerationParams, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Synthesize speech with a Qwen3-TTS 12 Hz model into a WAV file.")
+    parser.add_argument("text")
+    parser.add_argument("-o", "--output", type=Path, default=Path("out.wav"))
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="checkpoint directory, Hugging Face repo id, or random:<size>-<type> "
+                             f"(default {DEFAULT_MODEL}; offline it falls back to {OFFLINE_FALLBACK_MODEL})")
+    parser.add_argument("--speaker", help="built-in speaker (CustomVoice models)")
+    parser.add_argument("--language", default="auto")
+    parser.add_argument("--instruction", help="voice or style description (VoiceDesign, 1.7B CustomVoice)")
+    parser.add_argument("--reference-audio", type=Path, help="audio of the voice to clone (Base models)")
+    parser.add_argument("--reference-text", help="transcript of the reference audio (in-context cloning)")
+    parser.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding alone")
+    parser.add_argument("--non-streaming-text", action="store_true",
+                        help="give the talker the whole text up front instead of one token per frame")
+    parser.add_argument("--temperature", type=float, default=0.9, help="0 for greedy decoding")
+    parser.add_argument("--top-k", type=int, default=50)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="cap on generated audio")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = _parser().parse_args(argv)
+    options = LoadOptions.default_for(args.device)
+    try:
+        model = load_with_offline_fallback(args.model, options)
+        synthesizer = EagerSynthesizer(model)
+        clone = None
+        if args.reference_audio is not None:
+            wav = decode_audio_file(args.reference_audio.read_bytes())
+            clone = synthesizer.clone_voice(wav, args.reference_text, args.x_vector_only)
+        item = SynthesisInput(text=args.text, language=args.language, speaker=args.speaker,
+                              instruction=args.instruction, clone=clone,
+                              non_streaming_mode=args.non_streaming_text)
+        sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
+        params = GenerationParams(talker=sampling, predictor=sampling, repetition_penalty=args.repetition_penalty,
+                                  max_new_frames=max(1, round(args.max_seconds * model.speech_config.frame_rate_hz)),
+                                  seed=args.seed)
+        result = synthesizer.synthesize([item], [params])[0]
+    except (CheckpointError, PromptError, ReferenceAudioError, ValueError, OSError) as error:
+        logger.error("%s", error)
+        return 2
+    import soundfile
+
+    soundfile.write(args.output, result.waveform, result.sample_rate, subtype="PCM_16")
+    seconds = len(result.waveform) / result.sample_rate
+    note = " (random weights: the audio is noise)" if model.is_random else ""
+    sys.stdout.write(f"wrote {args.output}: {seconds:.2f} s of audio, {result.codes.shape[0]} frames, "
+                     f"finish reason {result.finish_reason}{note}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

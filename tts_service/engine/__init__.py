@@ -1,0 +1,88 @@
+"""The engine: the only door below the API.
+
+`Engine.create(model, EngineConfig(...))` (or `Engine.load(source, device, config)`) loads the runner
+(KV memory, graphs) and a scheduler sized from it; `start()` runs its loop. The front doors use what
+this package exports and nothing below it: submit a `SynthesisRequest` and read its `RequestStream`,
+feed open text with `append_text` / `close_text`, `abort`, `clone_voice`, and read `model_info`,
+`stats` and `occupancy()`.
+
+The names are resolved on first use, so that `tts_service.engine.config` (which the server's flags
+need) can be imported without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "AudioChunk": "tts_service.engine.streams",
+    "CheckpointError": "tts_service.model.checkpoint",
+    "Engine": "tts_service.engine.engine",
+    "EngineConfig": "tts_service.engine.config",
+    "EngineOccupancy": "tts_service.engine.engine",
+    "EngineStats": "tts_service.engine.engine",
+    "EngineStoppedError": "tts_service.engine.engine",
+    "FinishReason": "scheduler.request",
+    "GenerationParams": "tts_service.runner.params",
+    "ModelInfo": "tts_service.engine.model_info",
+    "PromptError": "tts_service.model.prompts",
+    "QueueFullError": "scheduler.scheduler",
+    "RequestFailed": "tts_service.engine.streams",
+    "RequestStream": "tts_service.engine.streams",
+    "RequestTooLargeError": "scheduler.scheduler",
+    "SamplingParams": "tts_service.runner.params",
+    "SynthesisInput": "tts_service.model.prompts",
+    "SynthesisRequest": "tts_service.engine.streams",
+    "SynthesisSummary": "tts_service.engine.streams",
+    "VoiceClone": "tts_service.model.prompts",
+}
+
+__all__ = [
+    "AudioChunk",
+    "CheckpointError",
+    "Engine",
+    "EngineConfig",
+    "EngineOccupancy",
+    "EngineStats",
+    "EngineStoppedError",
+    "FinishReason",
+    "GenerationParams",
+    "ModelInfo",
+    "PromptError",
+    "QueueFullError",
+    "RequestFailed",
+    "RequestStream",
+    "RequestTooLargeError",
+    "SamplingParams",
+    "SynthesisInput",
+    "SynthesisRequest",
+    "SynthesisSummary",
+    "VoiceClone",
+]
+
+if TYPE_CHECKING:
+    from scheduler.request import FinishReason
+    from scheduler.scheduler import QueueFullError, RequestTooLargeError
+    from tts_service.engine.config import EngineConfig
+    from tts_service.engine.engine import Engine, EngineOccupancy, EngineStats, EngineStoppedError
+    from tts_service.engine.model_info import ModelInfo
+    from tts_service.engine.streams import (
+        AudioChunk,
+        RequestFailed,
+        RequestStream,
+        SynthesisRequest,
+        SynthesisSummary,
+    )
+    from tts_service.model.checkpoint import CheckpointError
+    from tts_service.model.prompts import PromptError, SynthesisInput, VoiceClone
+    from tts_service.runner.params import GenerationParams, SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

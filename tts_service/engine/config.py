@@ -1,0 +1,101 @@
+"""The engine's one configuration. Every number has its single default here; the runner's and the
+scheduler's settings are derived from it, never written back into it.
+
+It imports neither torch nor the runner's code, so that reading the server's flags stays light.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scheduler.scheduler import SchedulerConfig
+from tts_service.runner.config import RunnerConfig
+
+# Prompt positions beyond a request's text and audio: chat template, codec tags, speaker slot.
+PROMPT_OVERHEAD_POSITIONS = 64
+# A text token per character is the most any tokenizer gives; the instruction may be as long as the text.
+_TEXT_TOKENS_PER_ALLOWED_CHAR = 2
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # -- how many requests --
+    max_running: int = 128  # requests decoded per step: the largest captured graph batch
+    max_waiting: int = 256  # queued requests (new and preempted) before submit() refuses
+    # Runner rows; more than max_running lets parked requests keep their state without shrinking the
+    # decode batch. None: max_running.
+    num_slots: int | None = None
+    # -- what one request may hold (sizes the KV block table) --
+    max_text_chars: int = 4096  # of text, and again of instruction
+    max_audio_s: float = 120.0  # generated audio
+    max_reference_audio_s: float = 60.0  # an in-context clone's reference audio, read as codec frames
+    # None: room for the longest request the three limits above allow.
+    max_positions_per_request: int | None = None
+    # -- KV memory --
+    block_size: int = 32  # KV positions per block
+    num_kv_blocks: int | None = None  # None: sized from free device memory
+    kv_memory_fraction: float = 0.6  # of free device memory, when sizing the KV cache from it
+    # -- the step policy --
+    max_prefill_positions_per_step: int = 4096  # a step's prefill budget; its first admission is exempt
+    min_playback_slack_s: float = 0.5  # below this, admissions shrink to the at-risk prefill budget
+    max_prefill_positions_at_risk: int = 256  # a step's prefill budget while a stream is at risk
+    codec_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 12)  # frames per codec chunk, first chunks first
+    max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
+    # -- graphs and kernels --
+    graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+    prefill_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    prefill_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256)
+    use_cuda_graphs: bool = True
+    use_fused_kernels: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_waiting", "max_text_chars"):
+            _require(getattr(self, name) >= 1, name, ">= 1")
+        _require(self.num_slots is None or self.num_slots >= self.max_running, "num_slots",
+                 f">= max_running ({self.max_running})")
+        for name in ("max_audio_s", "max_reference_audio_s", "max_unread_audio_s"):
+            _require(math.isfinite(getattr(self, name)) and getattr(self, name) > 0, name, "> 0")
+        _require(self.max_positions_per_request is None or self.max_positions_per_request >= 1,
+                 "max_positions_per_request", ">= 1")
+
+    @property
+    def num_runner_slots(self) -> int:
+        return self.max_running if self.num_slots is None else self.num_slots
+
+    def positions_per_request(self, frame_rate_hz: float) -> int:
+        """Room for the longest request: instruction and text, reference frames, audio frames."""
+        if self.max_positions_per_request is not None:
+            return self.max_positions_per_request
+        return (math.ceil(self.max_audio_s * frame_rate_hz) + math.ceil(self.max_reference_audio_s * frame_rate_hz)
+                + _TEXT_TOKENS_PER_ALLOWED_CHAR * self.max_text_chars + PROMPT_OVERHEAD_POSITIONS)
+
+    def max_unread_frames(self, frame_rate_hz: float) -> int:
+        return math.ceil(self.max_unread_audio_s * frame_rate_hz)
+
+    def runner_config(self, frame_rate_hz: float) -> RunnerConfig:
+        # The codec is captured for exactly the chunk lengths the scheduler will ask for.
+        return RunnerConfig(
+            max_num_slots=self.num_runner_slots, block_size=self.block_size,
+            max_positions_per_request=self.positions_per_request(frame_rate_hz), num_kv_blocks=self.num_kv_blocks,
+            kv_memory_fraction=self.kv_memory_fraction, graph_batch_sizes=self.graph_batch_sizes,
+            use_cuda_graphs=self.use_cuda_graphs, use_fused_kernels=self.use_fused_kernels,
+            codec_graph_chunk_sizes=self.codec_chunk_schedule,
+            prefill_graph_batch_sizes=self.prefill_graph_batch_sizes,
+            prefill_graph_lengths=self.prefill_graph_lengths)
+
+    def scheduler_config(self, num_kv_blocks: int, frame_rate_hz: float) -> SchedulerConfig:
+        """The scheduler's settings once the runner has allocated `num_kv_blocks`."""
+        return SchedulerConfig(
+            max_running=self.max_running, max_waiting=self.max_waiting,
+            max_prefill_positions_per_step=self.max_prefill_positions_per_step, block_size=self.block_size,
+            num_kv_blocks=num_kv_blocks, codec_chunk_schedule=self.codec_chunk_schedule,
+            min_playback_slack_s=self.min_playback_slack_s,
+            max_prefill_positions_at_risk=self.max_prefill_positions_at_risk,
+            frame_duration_s=1.0 / frame_rate_hz, max_slots=self.num_runner_slots,
+            max_positions_per_request=self.positions_per_request(frame_rate_hz))
+
+
+def _require(condition: bool, name: str, requirement: str) -> None:
+    if not condition:
+        raise ValueError(f"EngineConfig.{name} must be {requirement}")

@@ -1,0 +1,467 @@
+"""The engine: one asyncio task runs schedule -> execute -> update and fans results out to streams.
+
+It only moves data. The scheduler decides who runs; the runner (in a single worker thread, so
+the event loop stays free for the server) decides how tensors are laid out; the engine keeps each
+request's prompt, text and frames, turns a SchedulerOutput into runner work, and turns the
+outcome back into audio chunks and summaries on the request streams.
+
+Every call (submit, append_text, close_text, abort) must come from the event loop's thread:
+the scheduler takes no locks. The loop sleeps on an event when there is no work, waking for new
+work or for the earliest request deadline; it never polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from observability.calls import RequestTimeline
+from observability.metrics import StepObservation
+from scheduler.outputs import CodecChunk, FreedItem, RequestEvent, SchedulerOutput, StepResult
+from scheduler.request import FinishReason, Request
+from scheduler.scheduler import Scheduler
+from tts_service.engine.config import EngineConfig
+from tts_service.engine.model_info import ModelInfo
+from tts_service.engine.step_work import CodecRestart, CodecWork, StepDone, StepWork, compute_frames, decode_audio
+from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenization
+from tts_service.engine.warm_up import warm_up
+from tts_service.model.checkpoint import LoadedModel, LoadOptions, load_with_offline_fallback
+from tts_service.model.prompts import Prompt, PromptBuilder, PromptError, VoiceClone
+from tts_service.model.voice_clone import clone_voice
+from tts_service.runner.runner import DecodeInput, ModelRunner, PrefillInput, StepInput
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class EngineStats:
+    """Running totals the engine keeps about its own steps (read them as differences over a window)."""
+
+    num_steps: int = 0
+    num_decoded_frames: int = 0
+    num_prefills: int = 0
+    num_codec_frames: int = 0
+    execute_s: float = 0.0  # in the runner (worker thread), GPU work included
+    loop_s: float = 0.0  # in the loop between schedule() and the end of fan-out, execute_s included
+    last_step_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineOccupancy:
+    """What the engine holds at one moment, as the scheduler counts it."""
+
+    num_running: int
+    num_waiting: int
+    num_parked: int
+    num_preemptions_total: int  # since start: requests that gave their KV back and will recompute it
+    num_kv_blocks_used: int
+    num_kv_blocks_total: int
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine is not running, so it takes no requests."""
+
+
+@dataclass
+class _Live:
+    """The engine's record of one request, from submit() until its stream has ended."""
+
+    request: SynthesisRequest
+    stream: RequestStream
+    arrival_time: float
+    text: IncrementalTokenizer | None = None  # open text only
+    received_text: str = ""  # open text that needs the whole text before its prompt exists
+    held_ids: list[int] = field(default_factory=list)  # committed, waiting for non-blank text
+    prompt: Prompt | None = None  # None until the request is in the scheduler
+    scheduled: Request | None = None  # the scheduler's record (admission and first-audio times), once added
+    trailing: list[int] = field(default_factory=list)
+    frames: list[np.ndarray] = field(default_factory=list)
+    reference_codes: np.ndarray | None = None  # in-context clone: the codec's left context
+    num_text_ids: int = 0  # tokens of the request's own text
+    first_frame_time: float | None = None  # on the engine's clock, when the prefill produced frame 0
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+class Engine:
+    """The one door below the API: submit, text, abort, clone a voice, stats, health.
+
+    `runner` and `scheduler` are attributes for tests and benchmarks to inspect; the API uses only the
+    methods (tests/test_layers.py holds it to that).
+    """
+
+    def __init__(self, model: LoadedModel, runner: ModelRunner, scheduler: Scheduler, prompts: PromptBuilder,
+                 tokenization: TextTokenization, clock: Clock = time.monotonic,
+                 max_unread_frames: int | None = None) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.prompts = prompts
+        self.tokenization = tokenization
+        self.clock = clock
+        self.model_info = ModelInfo.of(model)
+        self._model = model
+        self._max_unread_frames = max_unread_frames  # None: a reader may fall behind without limit
+        config = model.config
+        self._eos_code = config.talker.codec_eos_id
+        self._tts_pad_id = config.tts_pad_token_id
+        self._tts_eos_id = config.tts_eos_token_id
+        self._num_groups = config.talker.num_code_groups
+        self._live: dict[str, _Live] = {}
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-runner")
+        # One cloning at a time: the encoders are heavy and share the device with the runner.
+        self._clone_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-clone")
+        self._task: asyncio.Task[None] | None = None
+        self._is_stopping = False
+        self.stats = EngineStats()
+        # Called once per step on the loop with host-side numbers only (metrics); never syncs the device.
+        self._step_observers: list[Callable[[StepObservation], None]] = []
+
+    @classmethod
+    def create(cls, model: LoadedModel, config: EngineConfig, clock: Clock = time.monotonic) -> Engine:
+        """Load order: runner (KV allocation, graph capture), then a scheduler sized from it."""
+        frame_rate_hz = model.speech_config.frame_rate_hz
+        runner = ModelRunner(model, config.runner_config(frame_rate_hz))
+        prompts = PromptBuilder.for_tokenizer(model.config, model.tokenizer)
+        tokenization = TextTokenization.for_tokenizer(model.tokenizer,
+                                                      lambda text: prompts.assistant_token_ids(text)[1])
+        scheduler = Scheduler(config.scheduler_config(runner.num_kv_blocks, frame_rate_hz))
+        return cls(model, runner, scheduler, prompts, tokenization, clock, config.max_unread_frames(frame_rate_hz))
+
+    @classmethod
+    def load(cls, source: str, device: str, config: EngineConfig) -> Engine:
+        """Load `source` (a directory, a repo id or random:<preset>; offline, the default model falls back to a
+        tiny random one) on `device` and create an engine for it. Raises CheckpointError."""
+        model = load_with_offline_fallback(source, LoadOptions.default_for(device))
+        if model.is_random:
+            logger.warning("the model %s has RANDOM weights: its audio is noise, not speech", model.source)
+        return cls.create(model, config)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("the engine is already running")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="tts-engine")
+
+    async def warm_up(self) -> bool:
+        """One short synthesis through the running engine (see warm_up.py); False when the model has none."""
+        return await warm_up(self)
+
+    async def stop(self) -> None:
+        """Stop stepping; requests still live end with an error. Drain first to finish them."""
+        self._is_stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        self._executor.shutdown(wait=True)
+        self._clone_executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def is_running(self) -> bool:
+        return self._task is not None and not self._task.done() and not self._is_stopping
+
+    @property
+    def num_live_requests(self) -> int:
+        return len(self._live)
+
+    def num_unread_frames(self, request_id: str) -> int:
+        """Frames of audio handed to the request's stream and not yet taken by its reader (0 once it ended)."""
+        live = self._live.get(request_id)
+        return live.stream.num_unread_frames if live is not None else 0
+
+    def occupancy(self) -> EngineOccupancy:
+        """What the engine holds now, as the scheduler counts it."""
+        scheduler = self.scheduler
+        return EngineOccupancy(num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
+                          num_parked=scheduler.num_parked, num_preemptions_total=scheduler.num_preemptions_total,
+                          num_kv_blocks_used=scheduler.num_kv_blocks_used,
+                          num_kv_blocks_total=scheduler.num_kv_blocks_total)
+
+    def captured_graph_batch_sizes(self) -> dict[str, list[int]]:
+        """The batch sizes captured as CUDA graphs, by kind of step (empty without graphs)."""
+        return self.runner.captured_graph_batch_sizes()
+
+    def add_step_observer(self, observer: Callable[[StepObservation], None]) -> None:
+        """Call `observer` on the loop after every step, with host-side numbers only."""
+        self._step_observers.append(observer)
+
+    def remove_step_observer(self, observer: Callable[[StepObservation], None]) -> None:
+        self._step_observers.remove(observer)
+
+    def deadline_in(self, seconds: float) -> float:
+        """A request deadline `seconds` from now, on the engine's clock."""
+        return self.clock() + seconds
+
+    # -- calls from the server ----------------------------------------------------------------
+
+    def submit(self, request: SynthesisRequest) -> RequestStream:
+        """Queue a request. Raises PromptError for input the model cannot serve, and the scheduler's
+        QueueFullError / RequestTooLargeError when there is no room; nothing is queued then."""
+        if not self.is_running:
+            raise EngineStoppedError("the engine is not running")
+        if request.request_id in self._live:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        request_id = request.request_id
+        stream = RequestStream(request_id, self._max_unread_frames,
+                               lambda is_backlogged: self._pause_output(request_id, is_backlogged))
+        live = _Live(request, stream, self.clock())
+        if request.is_text_open:
+            self.prompts.validate(request.synthesis, is_text_required=False)
+            live.text = IncrementalTokenizer(self.tokenization)
+        else:
+            self._enter(live, self.prompts.build(request.synthesis), is_text_closed=True)
+            live.num_text_ids = len(self.prompts.assistant_token_ids(request.synthesis.text)[1])
+        self._live[request.request_id] = live
+        self._wake.set()
+        return live.stream
+
+    def append_text(self, request_id: str, fragment: str) -> None:
+        """More text for an open request. Unknown or finished ids are ignored (the stream has ended)."""
+        live = self._live.get(request_id)
+        if live is None or not fragment:
+            return
+        if live.text is None or live.text.is_closed:
+            raise ValueError(f"request {request_id!r} takes no more text")
+        live.received_text += fragment
+        self._add_text_ids(live, live.text.append(fragment), is_closed=False)
+
+    def close_text(self, request_id: str) -> None:
+        """The open request's text is complete."""
+        live = self._live.get(request_id)
+        if live is None or live.text is None or live.text.is_closed:
+            return
+        self._add_text_ids(live, live.text.close(), is_closed=True)
+
+    async def clone_voice(self, wav_24k: np.ndarray, reference_text: str | None,
+                          x_vector_only: bool) -> VoiceClone:
+        """A voice for SynthesisInput.clone from 24 kHz mono reference audio, computed off the event loop.
+
+        Raises PromptError when the model cannot clone (a model without a speaker encoder, or in-context
+        cloning without the codec encoder)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._clone_executor, clone_voice, self._model, wav_24k, reference_text, x_vector_only)
+
+    def abort(self, request_id: str) -> None:
+        live = self._live.get(request_id)
+        if live is None:
+            return
+        if live.prompt is None:  # never reached the scheduler
+            self._end(live, FinishReason.ABORTED)
+            return
+        self.scheduler.abort(request_id)
+        self._wake.set()
+
+    def _pause_output(self, request_id: str, is_paused: bool) -> None:
+        """The request's reader fell behind (pause it) or caught up (resume it)."""
+        self.scheduler.set_output_paused(request_id, is_paused)
+        self._wake.set()
+
+    # -- text ---------------------------------------------------------------------------------
+
+    def _add_text_ids(self, live: _Live, ids: list[int], is_closed: bool) -> None:
+        live.num_text_ids += len(ids)
+        if live.prompt is not None:
+            live.trailing += ids
+            if is_closed:
+                live.trailing.append(self._tts_eos_id)
+            self.scheduler.append_text(live.request_id, len(ids) + int(is_closed), is_closed)
+            self._wake.set()
+            return
+        synthesis = live.request.synthesis
+        try:
+            if not self.prompts.can_stream_text(synthesis):
+                if is_closed:
+                    self._enter(live, self.prompts.build(replace(synthesis, text=live.received_text)), True)
+                return
+            live.held_ids += ids
+            if not live.received_text.strip():
+                if is_closed:
+                    raise PromptError("text", "must not be empty")
+                return
+            if live.held_ids:
+                prompt = self.prompts.build_open(synthesis, live.held_ids)
+                if is_closed:
+                    prompt = replace(prompt, trailing_text_ids=(*prompt.trailing_text_ids, self._tts_eos_id))
+                self._enter(live, prompt, is_closed)
+        except Exception as error:  # the request fails; its stream says why
+            self._live.pop(live.request_id, None)
+            live.stream.fail(error)
+
+    def _enter(self, live: _Live, prompt: Prompt, is_text_closed: bool) -> None:
+        """Hand a request with a complete prompt to the scheduler."""
+        request = live.request
+        live.prompt = prompt
+        live.trailing = list(prompt.trailing_text_ids)
+        clone = request.synthesis.clone
+        if clone is not None and clone.reference_codes:
+            live.reference_codes = np.asarray(clone.reference_codes, dtype=np.int64)
+        now = self.clock()
+        if request.is_text_open:
+            live.arrival_time = now  # queue time counts from the moment the request could run
+        scheduled = Request(request.request_id, prompt.num_positions, request.params.max_new_frames,
+                            arrival_time=now, deadline=request.deadline,
+                            num_text_tokens=len(live.trailing), is_text_closed=is_text_closed)
+        self.scheduler.add(scheduled)
+        live.scheduled = scheduled
+        self._wake.set()
+
+    def _text_id_for_input(self, live: _Live, frame_index: int) -> int:
+        """The trailing text token added to frame `frame_index` when it is fed back to the talker."""
+        return live.trailing[frame_index] if frame_index < len(live.trailing) else self._tts_pad_id
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._is_stopping:
+                self._wake.clear()
+                started = time.perf_counter()
+                output = self.scheduler.schedule(self.clock())
+                self._release(output.freed)
+                if output.is_empty:
+                    await self._sleep_until_work()
+                    continue
+                work = self._plan(output)
+                execute_started = time.perf_counter()
+                done, audio_time = StepDone(), None
+                if work.restarts or work.chunks:
+                    done = await loop.run_in_executor(self._executor, decode_audio, self.runner, work)
+                    audio_time = self._deliver_audio(output, done)
+                done = await loop.run_in_executor(self._executor, compute_frames, self.runner, work, done)
+                execute_s = time.perf_counter() - execute_started
+                self._apply(output, done, audio_time)
+                self._count(output, execute_s, time.perf_counter() - started)
+        except Exception:
+            logger.exception("the engine loop failed; every live request ends with an error")
+            raise
+        finally:
+            for live in list(self._live.values()):
+                self._end(live, FinishReason.ERROR, error="the engine stopped")
+
+    def _count(self, output: SchedulerOutput, execute_s: float, loop_s: float) -> None:
+        step = StepObservation(num_decodes=len(output.decodes), num_prefills=len(output.prefills),
+                               num_codec_frames=sum(chunk.num_frames for chunk in output.codec_chunks), step_s=loop_s)
+        stats = self.stats
+        stats.num_steps += 1
+        stats.num_decoded_frames += step.num_decodes
+        stats.num_prefills += step.num_prefills
+        stats.num_codec_frames += step.num_codec_frames
+        stats.execute_s += execute_s
+        stats.loop_s += loop_s
+        stats.last_step_s = loop_s
+        for observer in self._step_observers:
+            observer(step)
+
+    async def _sleep_until_work(self) -> None:
+        deadline = self.scheduler.next_deadline()
+        timeout = None if deadline is None else max(0.0, deadline - self.clock())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _plan(self, output: SchedulerOutput) -> StepWork:
+        prefills, restarts = [], []
+        for item in output.prefills:
+            live = self._live[item.request_id]
+            assert live.prompt is not None
+            frames = live.frames[:item.num_resumed_frames]
+            clone = live.request.synthesis.clone
+            prefills.append(PrefillInput(
+                item.slot, item.block_ids, live.prompt, live.request.params,
+                speaker_embedding=clone.speaker_embedding if clone is not None else None,  # type: ignore[arg-type]
+                resumed_frames=tuple(tuple(int(c) for c in frame) for frame in frames),
+                resumed_text_ids=tuple(self._text_id_for_input(live, index) for index in range(len(frames)))))
+            restarts.append(CodecRestart(item.request_id, item.slot,
+                                         self._codec_context(live, item.num_codec_frames)))
+        decodes = []
+        for item in output.decodes:
+            live = self._live[item.request_id]
+            decodes.append(DecodeInput(item.slot, item.block_ids, item.position, item.frame_index,
+                                       self._text_id_for_input(live, item.frame_index - 1)))
+        chunks = tuple(self._codec_work(chunk) for chunk in output.codec_chunks)
+        return StepWork(StepInput(tuple(prefills), tuple(decodes)),
+                        prefill_ids=tuple(item.request_id for item in output.prefills),
+                        decode_ids=tuple(item.request_id for item in output.decodes),
+                        restarts=tuple(restarts), chunks=chunks)
+
+    def _codec_context(self, live: _Live, num_codec_frames: int) -> np.ndarray:
+        frames = self._stack_frames(live.frames[:num_codec_frames])
+        return frames if live.reference_codes is None else np.concatenate([live.reference_codes, frames])
+
+    def _stack_frames(self, frames: list[np.ndarray]) -> np.ndarray:
+        """Frames [G] each -> [T, G] int64, also when there are none."""
+        return np.stack(frames) if frames else np.zeros((0, self._num_groups), dtype=np.int64)
+
+    def _codec_work(self, chunk: CodecChunk) -> CodecWork:
+        live = self._live[chunk.request_id]
+        frames = live.frames[chunk.first_frame:chunk.first_frame + chunk.num_frames]
+        return CodecWork(chunk.request_id, chunk.slot, chunk.first_frame, self._stack_frames(frames))
+
+    def _apply(self, output: SchedulerOutput, done: StepDone, audio_time: float | None) -> None:
+        eos_ids = {request_id for request_id, frame in done.frames.items() if frame[0] == self._eos_code}
+        result = StepResult.for_output(output, eos_ids, done.errors, audio_time)
+        now = self.clock()
+        events = self.scheduler.update(result, now)
+        for event in events:
+            self._apply_event(event, done, now)
+        for chunk in output.codec_chunks:
+            live = self._live.get(chunk.request_id)
+            if live is not None and chunk.is_final:
+                request = self.scheduler.requests[chunk.request_id]
+                assert request.finish_reason is not None
+                self._end(live, request.finish_reason)
+
+    def _deliver_audio(self, output: SchedulerOutput, done: StepDone) -> float:
+        """Hand decoded chunks to their streams at once, while the step's frames are still computing; returns
+        the time they were handed over (the scheduler counts it as the chunks' playback start)."""
+        for chunk in output.codec_chunks:
+            live = self._live.get(chunk.request_id)
+            samples = done.audio.get((chunk.request_id, chunk.first_frame))
+            if live is None or samples is None:
+                continue
+            live.stream.put_audio(AudioChunk(samples, chunk.first_frame, chunk.num_frames))
+        return self.clock()
+
+    def _apply_event(self, event: RequestEvent, done: StepDone, now: float) -> None:
+        live = self._live.get(event.request_id)
+        if live is None:
+            return
+        if event.is_new_frame:
+            if live.first_frame_time is None:
+                live.first_frame_time = now
+            live.frames.append(done.frames[event.request_id])
+        if event.finish_reason is FinishReason.ERROR:
+            self._end(live, FinishReason.ERROR, error=event.error)
+
+    def _release(self, freed: tuple[FreedItem, ...]) -> None:
+        for item in freed:
+            live = self._live.get(item.request_id)
+            if live is not None and item.reason in (FinishReason.ABORTED, FinishReason.ERROR):
+                self._end(live, item.reason, error="request failed" if item.reason is FinishReason.ERROR else None)
+
+    def _end(self, live: _Live, reason: FinishReason, error: str | None = None) -> None:
+        if self._live.pop(live.request_id, None) is None:
+            return
+        scheduled = live.scheduled
+        timeline = RequestTimeline(
+            arrival=live.arrival_time, admitted=None if scheduled is None else scheduled.admitted_time,
+            first_frame=live.first_frame_time, first_audio=None if scheduled is None else scheduled.first_audio_time,
+            finished=self.clock())
+        live.stream.finish(SynthesisSummary(
+            request_id=live.request_id, finish_reason=reason, num_frames=len(live.frames),
+            num_text_tokens=live.num_text_ids, codes=self._stack_frames(live.frames), timeline=timeline,
+            error=error))

@@ -1,0 +1,134 @@
+"""One engine step as plain data, and its execution on the runner (off the event loop).
+
+The engine turns a SchedulerOutput into a StepWork on the event loop (where the per-request
+data lives), a worker thread runs it against the runner, and the StepDone comes back. Nothing
+here touches the scheduler or the request streams.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tts_service.runner.runner import ModelRunner, StepInput, StepOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CodecWork:
+    """Frames of one request's audio stream to decode, in stream order."""
+
+    request_id: str
+    slot: int
+    first_frame: int
+    codes: np.ndarray  # [T, G] int64; T may be 0 for a final chunk with nothing left
+
+
+@dataclass(frozen=True)
+class CodecRestart:
+    """A slot's audio stream starts over, first decoding `context` (whose audio nobody hears).
+
+    The context is the reference frames of an in-context voice clone, and after a preemption
+    also the frames whose audio was already sent, so the stream's state is rebuilt exactly.
+    """
+
+    request_id: str
+    slot: int
+    context: np.ndarray  # [T, G] int64
+
+
+@dataclass(frozen=True)
+class StepWork:
+    step: StepInput
+    prefill_ids: tuple[str, ...]  # request ids of step.prefills, in order
+    decode_ids: tuple[str, ...]
+    restarts: tuple[CodecRestart, ...]
+    chunks: tuple[CodecWork, ...]
+
+
+@dataclass
+class StepDone:
+    frames: dict[str, np.ndarray] = field(default_factory=dict)  # request id -> [G] codes
+    audio: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)  # (request id, first frame) -> samples
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def decode_audio(runner: ModelRunner, work: StepWork) -> StepDone:
+    """The step's codec work (restarts, then chunks of frames from earlier steps).
+
+    It runs before the frame step so that its audio can reach the listeners while the frames
+    are computed: a new request's first chunk then waits for its codec chunk alone, not for the
+    next decode step as well.
+    """
+    done = StepDone()
+    _restart_audio(runner, work.restarts, done)
+    _decode_chunks(runner, work.chunks, done)
+    return done
+
+
+def compute_frames(runner: ModelRunner, work: StepWork, done: StepDone) -> StepDone:
+    """The step's prefills and decodes, added to `done`; a failure is charged to its requests, never raised."""
+    if work.step.prefills or work.step.decodes:
+        try:
+            output = runner.execute(work.step)
+        except Exception as error:  # a failed batch fails its requests, not the engine
+            logger.exception("frame step failed for %d requests", len(work.prefill_ids) + len(work.decode_ids))
+            for request_id in (*work.prefill_ids, *work.decode_ids):
+                done.errors.setdefault(request_id, f"frame step failed: {error}")
+        else:
+            _collect_frames(work, output, done)
+    return done
+
+
+def _collect_frames(work: StepWork, output: StepOutput, done: StepDone) -> None:
+    for index, error in output.failed_prefills.items():
+        request_id = work.prefill_ids[index]
+        logger.error("prefill input failed for %s: %s", request_id, error)
+        done.errors[request_id] = f"prefill failed: {error}"
+    prefill_ids = [request_id for index, request_id in enumerate(work.prefill_ids)
+                   if index not in output.failed_prefills]
+    for ids, frames in ((prefill_ids, output.prefill_frames), (work.decode_ids, output.decode_frames)):
+        for request_id, frame in zip(ids, frames, strict=True):
+            done.frames[request_id] = frame
+
+
+def _restart_audio(runner: ModelRunner, restarts: tuple[CodecRestart, ...], done: StepDone) -> None:
+    if not restarts:
+        return
+    runner.reset_audio([restart.slot for restart in restarts])
+    for restart in restarts:
+        if restart.context.shape[0] == 0:
+            continue
+        try:
+            runner.decode_audio([restart.slot], restart.context[None])
+        except Exception as error:
+            logger.exception("codec context failed for %s", restart.request_id)
+            done.errors[restart.request_id] = f"audio decoding failed: {error}"
+
+
+def _decode_chunks(runner: ModelRunner, chunks: tuple[CodecWork, ...], done: StepDone) -> None:
+    """Batch chunks of equal length across requests; a request's own chunks stay in order."""
+    rounds: defaultdict[int, defaultdict[int, list[CodecWork]]] = defaultdict(lambda: defaultdict(list))
+    seen: Counter[str] = Counter()
+    for chunk in chunks:
+        rounds[seen[chunk.request_id]][chunk.codes.shape[0]].append(chunk)
+        seen[chunk.request_id] += 1
+    for index in sorted(rounds):
+        for num_frames, group in rounds[index].items():
+            group = [chunk for chunk in group if chunk.request_id not in done.errors]
+            if num_frames == 0 or not group:
+                continue
+            try:
+                samples = runner.decode_audio([chunk.slot for chunk in group],
+                                              np.stack([chunk.codes for chunk in group]))
+            except Exception as error:
+                logger.exception("audio decoding failed for %d requests", len(group))
+                for chunk in group:
+                    done.errors[chunk.request_id] = f"audio decoding failed: {error}"
+                continue
+            for chunk, row in zip(group, samples, strict=True):
+                done.audio[(chunk.request_id, chunk.first_frame)] = row

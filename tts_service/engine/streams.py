@@ -1,0 +1,132 @@
+"""What a caller of the engine hands in and gets back: requests, audio chunks, the closing summary."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from observability.calls import RequestTimeline
+from scheduler.request import FinishReason
+from tts_service.model.prompts import SynthesisInput
+from tts_service.runner.params import GenerationParams
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    request_id: str
+    synthesis: SynthesisInput  # with is_text_open, `synthesis.text` is ignored: text comes through append_text
+    params: GenerationParams
+    is_text_open: bool = False
+    deadline: float | None = None  # on the engine's clock (time.monotonic by default)
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    samples: np.ndarray  # float32 mono at the model's output sample rate
+    first_frame: int
+    num_frames: int
+
+
+@dataclass(frozen=True)
+class SynthesisSummary:
+    request_id: str
+    finish_reason: FinishReason
+    num_frames: int
+    num_text_tokens: int  # tokens of the request's own text (not the chat template or the voice prompt)
+    codes: np.ndarray  # [num_frames, G] int64: every generated frame
+    timeline: RequestTimeline
+    error: str | None = None
+
+    @property
+    def queue_time_s(self) -> float | None:
+        return self.timeline.queue_s
+
+    @property
+    def time_to_first_audio_s(self) -> float | None:
+        return self.timeline.time_to_first_audio_s
+
+
+class RequestFailed(RuntimeError):
+    """The engine could not finish a request (its step or its audio failed); the engine itself goes on."""
+
+    def __init__(self, summary: SynthesisSummary) -> None:
+        super().__init__(summary.error or "request failed")
+        self.summary = summary
+
+
+class RequestStream:
+    """Async iterator over a request's audio chunks; `summary` is set once the stream has ended.
+
+    Ends normally for STOPPED, LENGTH and ABORTED; raises RequestFailed for ERROR, and the
+    request's own exception (for example a PromptError when open text closes empty).
+
+    The stream counts the frames of audio put in and not yet taken out. When that backlog passes
+    `max_unread_frames` it calls `on_backlog(True)`, and `on_backlog(False)` once the reader has
+    taken it down to half, so that the engine can pause a request whose reader has fallen behind
+    instead of buffering its audio without bound.
+    """
+
+    def __init__(self, request_id: str, max_unread_frames: int | None = None,
+                 on_backlog: Callable[[bool], None] | None = None) -> None:
+        self.request_id = request_id
+        self.summary: SynthesisSummary | None = None
+        self.num_unread_frames = 0
+        self.is_backlogged = False
+        self._max_unread_frames = max_unread_frames
+        self._on_backlog = on_backlog
+        self._is_done = False
+        self._items: asyncio.Queue[AudioChunk | SynthesisSummary | Exception] = asyncio.Queue()
+
+    # Engine side.
+
+    def put_audio(self, chunk: AudioChunk) -> None:
+        self._items.put_nowait(chunk)
+        self.num_unread_frames += chunk.num_frames
+        limit = self._max_unread_frames
+        if limit is not None and not self.is_backlogged and self.num_unread_frames > limit:
+            self._set_backlogged(True)
+
+    def _set_backlogged(self, is_backlogged: bool) -> None:
+        self.is_backlogged = is_backlogged
+        if self._on_backlog is not None:
+            self._on_backlog(is_backlogged)
+
+    def finish(self, summary: SynthesisSummary) -> None:
+        self._items.put_nowait(summary)
+
+    def fail(self, error: Exception) -> None:
+        self._items.put_nowait(error)
+
+    # Caller side.
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        if self._is_done:
+            raise StopAsyncIteration
+        item = await self._items.get()
+        if isinstance(item, AudioChunk):
+            self.num_unread_frames -= item.num_frames
+            limit = self._max_unread_frames
+            if self.is_backlogged and limit is not None and self.num_unread_frames <= limit // 2:
+                self._set_backlogged(False)
+            return item
+        self._is_done = True
+        if isinstance(item, Exception):
+            self.summary = getattr(item, "summary", None)
+            raise item
+        self.summary = item
+        if item.finish_reason is FinishReason.ERROR:
+            raise RequestFailed(item)
+        raise StopAsyncIteration
+
+    async def collect(self) -> tuple[np.ndarray, SynthesisSummary]:
+        """The whole waveform and the summary (for unary calls and tests)."""
+        pieces = [chunk.samples async for chunk in self]
+        assert self.summary is not None
+        waveform = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+        return waveform, self.summary

@@ -1,0 +1,63 @@
+"""One frame's codes from the talker's hidden state, as both the eager path and the frame step compute them:
+codebook 0's logit processing in the reference's order, then the code predictor's 15 codebooks."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from tts_service.model.talker import Talker
+from tts_service.runner.sampling import RowSampling, penalize_repetitions, sample
+
+# The top of the codec vocabulary holds control ids the talker must never emit (EOS excepted).
+NUM_SUPPRESSED_IDS = 1024
+
+
+def suppressed_ids_mask(talker: Talker) -> torch.Tensor:
+    """The top 1024 codec ids are control tokens the talker must never emit, EOS excepted."""
+    vocab = talker.config.layers.vocab_size
+    mask = torch.zeros(vocab, dtype=torch.bool, device=talker.codec_head.weight.device)
+    mask[max(0, vocab - NUM_SUPPRESSED_IDS):] = True
+    mask[talker.config.codec_eos_id] = False
+    return mask
+
+
+def process_codebook0_logits(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor,
+                             suppressed: torch.Tensor, eos_blocked: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Reference order: repetition penalty, minimum length (EOS blocked), suppressed ids."""
+    scores = penalize_repetitions(logits.float(), seen, penalty)
+    scores[:, eos_id] = torch.where(eos_blocked, float("-inf"), scores[:, eos_id])
+    return scores.masked_fill(suppressed, float("-inf"))
+
+
+class PredictorMemory(Protocol):
+    """The code predictor's key/value memory for one frame's short sequence."""
+
+    def prepare(self, start: int, num_tokens: int) -> None: ...
+
+    def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor) -> torch.Tensor: ...
+
+
+def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, code0: torch.Tensor,
+                                rows: RowSampling, seeds: torch.Tensor, first_draw: torch.Tensor,
+                                memory: PredictorMemory) -> torch.Tensor:
+    """Run the code predictor for one frame: [B] codebook 0 -> [B, G-1] codebooks 1..G-1.
+
+    The sequence is [talker hidden, embed(code 0)] at positions 0-1, then one code per step.
+    """
+    predictor = talker.code_predictor
+    batch = code0.shape[0]
+    inputs = torch.stack([talker_hidden, talker.embed_codec(code0)], dim=1)
+    codes: list[torch.Tensor] = []
+    for codebook in range(1, talker.config.num_code_groups):
+        start = 0 if codebook == 1 else codebook
+        positions = torch.arange(start, start + inputs.shape[1], device=code0.device).expand(batch, -1)
+        memory.prepare(start, inputs.shape[1])
+        hidden = predictor.hidden(inputs, positions, memory)[:, -1]
+        scores = predictor.logits(codebook, hidden).float()
+        code = sample(scores, rows, seeds, first_draw + codebook)
+        codes.append(code)
+        inputs = predictor.embed(codebook, code)[:, None]
+    return torch.stack(codes, dim=1)

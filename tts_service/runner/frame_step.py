@@ -1,0 +1,132 @@
+"""The per-frame compute of the batched engine, written so a CUDA graph can capture it.
+
+Everything a step reads lives in tensors whose addresses never change: per-slot request state
+(seeds, sampling settings, repetition history, the last frame) and the code predictor's static
+cache. Rows are addressed by slot; padding rows point at a scratch slot that no request owns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tts_service.model.layers import repeat_kv
+from tts_service.model.talker import Talker
+from tts_service.runner.frame_codes import predict_remaining_codebooks, process_codebook0_logits, suppressed_ids_mask
+from tts_service.runner.params import GenerationParams
+from tts_service.runner.sampling import RowSampling, sample
+
+
+class PredictorCache:
+    """Static keys/values for the code predictor's sequence of at most G positions per frame."""
+
+    def __init__(self, talker: Talker, max_batch_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = talker.config.code_predictor
+        size = (shape.num_hidden_layers, max_batch_size, shape.num_key_value_heads,
+                talker.config.num_code_groups, shape.head_dim)
+        self.keys = torch.zeros(size, dtype=dtype, device=device)
+        self.values = torch.zeros(size, dtype=dtype, device=device)
+        self.start = 0
+        self.end = 0
+
+    def prepare(self, start: int, num_tokens: int) -> None:
+        self.start, self.end = start, start + num_tokens
+
+    def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor) -> torch.Tensor:
+        batch, num_heads, num_tokens, _ = query.shape
+        end = self.end
+        keys = self.keys[layer_index, :batch]
+        values = self.values[layer_index, :batch]
+        keys[:, :, self.start:end].copy_(key)
+        values[:, :, self.start:end].copy_(value)
+        # Only the frame's first call holds several tokens, and it starts at 0: a square causal mask.
+        return F.scaled_dot_product_attention(
+            query, repeat_kv(keys[:, :, :end], num_heads), repeat_kv(values[:, :, :end], num_heads),
+            is_causal=num_tokens > 1)
+
+
+@dataclass
+class SlotState:
+    """Per-request decoding state on the device, one row per slot plus a scratch row."""
+
+    seeds: torch.Tensor  # [S + 1] int64
+    talker_temperature: torch.Tensor
+    talker_top_k: torch.Tensor
+    talker_top_p: torch.Tensor
+    predictor_temperature: torch.Tensor
+    predictor_top_k: torch.Tensor
+    predictor_top_p: torch.Tensor
+    repetition_penalty: torch.Tensor
+    min_frames: torch.Tensor
+    seen: torch.Tensor  # [S + 1, vocab] bool: codebook-0 ids generated so far
+    last_frame: torch.Tensor  # [S + 1, G] int64
+
+    @classmethod
+    def allocate(cls, num_slots: int, vocab_size: int, num_groups: int, device: torch.device) -> SlotState:
+        rows = num_slots + 1
+
+        def floats(value: float) -> torch.Tensor:
+            return torch.full((rows,), value, dtype=torch.float32, device=device)
+
+        def ints(value: int) -> torch.Tensor:
+            return torch.full((rows,), value, dtype=torch.int64, device=device)
+
+        return cls(seeds=ints(0), talker_temperature=floats(0.0), talker_top_k=ints(0), talker_top_p=floats(1.0),
+                   predictor_temperature=floats(0.0), predictor_top_k=ints(0), predictor_top_p=floats(1.0),
+                   repetition_penalty=floats(1.0), min_frames=ints(0),
+                   seen=torch.zeros(rows, vocab_size, dtype=torch.bool, device=device),
+                   last_frame=torch.zeros(rows, num_groups, dtype=torch.int64, device=device))
+
+    @property
+    def scratch_slot(self) -> int:
+        return self.seeds.shape[0] - 1
+
+    def assign(self, slot: int, params: GenerationParams) -> None:
+        """Set a slot for a new request (outside any captured region)."""
+        for tensor, value in ((self.seeds, params.seed),
+                              (self.talker_temperature, params.talker.temperature),
+                              (self.talker_top_k, params.talker.top_k), (self.talker_top_p, params.talker.top_p),
+                              (self.predictor_temperature, params.predictor.temperature),
+                              (self.predictor_top_k, params.predictor.top_k),
+                              (self.predictor_top_p, params.predictor.top_p),
+                              (self.repetition_penalty, params.repetition_penalty),
+                              (self.min_frames, params.min_new_frames)):
+            tensor[slot] = value
+        self.seen[slot] = False
+
+    def talker_rows(self, slots: torch.Tensor) -> RowSampling:
+        return RowSampling(self.talker_temperature[slots], self.talker_top_k[slots], self.talker_top_p[slots])
+
+    def predictor_rows(self, slots: torch.Tensor) -> RowSampling:
+        return RowSampling(self.predictor_temperature[slots], self.predictor_top_k[slots],
+                           self.predictor_top_p[slots])
+
+
+class FrameSampler:
+    """Talker hidden state -> a whole frame: codebook 0 from the talker head, the rest from the predictor."""
+
+    def __init__(self, talker: Talker, state: SlotState, predictor_cache: PredictorCache) -> None:
+        self.talker = talker
+        self.state = state
+        self.predictor_cache = predictor_cache
+        self.suppressed = suppressed_ids_mask(talker)
+        self.num_groups = talker.config.num_code_groups
+
+    def __call__(self, hidden: torch.Tensor, slots: torch.Tensor, frame_index: torch.Tensor) -> torch.Tensor:
+        state = self.state
+        scores = process_codebook0_logits(self.talker.logits(hidden), state.seen[slots],
+                                          state.repetition_penalty[slots], self.suppressed,
+                                          frame_index < state.min_frames[slots], self.talker.config.codec_eos_id)
+        seeds = state.seeds[slots]
+        draws = frame_index * self.num_groups
+        code0 = sample(scores, state.talker_rows(slots), seeds, draws)
+        # A device-side value: a Python scalar here would be a host copy, which graph capture forbids.
+        state.seen.index_put_((slots, code0), torch.ones_like(code0, dtype=torch.bool))
+        rest = predict_remaining_codebooks(self.talker, hidden, code0, state.predictor_rows(slots), seeds, draws,
+                                           self.predictor_cache)
+        frame = torch.cat([code0[:, None], rest], dim=1)
+        state.last_frame[slots] = frame
+        return frame

@@ -1,0 +1,442 @@
+"""The model runner: owns the device, the paged talker KV memory, per-slot state and CUDA graphs.
+
+Start-up reads: load weights -> allocate slot state and KV blocks -> capture one decode graph per
+batch bucket. A step is `execute(StepInput) -> StepOutput`: prefill the new requests (eager,
+batched), decode one frame for every running request (a graph replay padded to the next
+captured batch size), then copy every produced frame to the host in one transfer.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tts_service.model.checkpoint import LoadedModel
+from tts_service.model.codec_decoder import CodecStreamState
+from tts_service.model.embedding import embed_prompt, embed_text_ids
+from tts_service.model.fused_ops import kernels_available
+from tts_service.model.layers import use_fused_kernels
+from tts_service.model.prompts import Prompt
+from tts_service.runner.config import RunnerConfig
+from tts_service.runner.frame_step import FrameSampler, PredictorCache, SlotState
+from tts_service.runner.kv_cache import PagedDecodeBackend, PagedKVCache, PagedPrefillBackend, validate_host_metadata
+from tts_service.runner.params import GenerationParams
+
+
+@dataclass(frozen=True)
+class PrefillInput:
+    slot: int
+    block_ids: tuple[int, ...]
+    prompt: Prompt
+    params: GenerationParams
+    speaker_embedding: torch.Tensor | None = None
+    # A preempted request resumes by re-reading its frames, each with the text token it consumed.
+    resumed_frames: tuple[tuple[int, ...], ...] = ()
+    resumed_text_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DecodeInput:
+    slot: int
+    block_ids: tuple[int, ...]
+    position: int  # KV position of this step's input (the previous frame)
+    frame_index: int  # index of the frame this step produces
+    text_id: int  # text token added to the previous frame's embedding
+
+
+@dataclass(frozen=True)
+class StepInput:
+    prefills: tuple[PrefillInput, ...] = ()
+    decodes: tuple[DecodeInput, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    prefill_frames: np.ndarray  # [num_prefills - len(failed_prefills), G] int64, in StepInput order
+    decode_frames: np.ndarray  # [num_decodes, G] int64
+    # Prefills whose own inputs could not be built, by index in StepInput.prefills: those requests
+    # fail alone, the rest of the step runs without them.
+    failed_prefills: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class _DecodeBuffers:
+    slots: torch.Tensor
+    text_ids: torch.Tensor
+    frame_index: torch.Tensor
+    frames: torch.Tensor
+    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
+
+
+@dataclass
+class _FirstFrameBuffers:
+    """A prefill's last hidden state -> its first frame (the predictor's 15 steps), captured per bucket."""
+
+    hidden: torch.Tensor
+    slots: torch.Tensor
+    frame_index: torch.Tensor
+    frames: torch.Tensor
+    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
+
+
+@dataclass
+class _PrefillBuffers:
+    """Right-padded prompt embeddings -> each row's last hidden state, captured per (batch, length) bucket."""
+
+    inputs: torch.Tensor  # [max_batch, max_length, H]
+    lengths: torch.Tensor  # [max_batch] int64; padding rows hold 0 and touch only the scratch block
+    start_positions: torch.Tensor  # [max_batch] int64, always 0: a prefill starts a row's memory
+    block_tables: torch.Tensor  # [max_batch, max_width] int32
+    positions: torch.Tensor  # [max_length] int64: 0, 1, 2, ...
+    last_hidden: torch.Tensor  # [max_batch, H]
+    graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = field(default_factory=dict)
+
+
+@dataclass
+class _CodecBuffers:
+    """Codes of a chunk per row -> samples, with the rows' stream state gathered and stored in-graph."""
+
+    slots: torch.Tensor  # [max_batch] int64; padding rows use the scratch row
+    codes: torch.Tensor  # [max_batch, G, max_chunk] int64
+    audio: torch.Tensor  # [max_batch, max_chunk * samples_per_frame] float32
+    graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(self, model: LoadedModel, config: RunnerConfig) -> None:
+        self.model = model
+        self.config = config
+        self.talker = model.talker
+        self.device = model.device
+        use_fused_kernels(self.talker, config.use_fused_kernels and kernels_available(self.device))
+        self.dtype = self.talker.codec_head.weight.dtype
+        talker_config = model.config.talker
+        self.num_groups = talker_config.num_code_groups
+        self.tts_pad_id = model.config.tts_pad_token_id
+        self.buckets = config.batch_buckets()
+        max_batch = self.buckets[-1]
+
+        self.state = SlotState.allocate(config.max_num_slots, talker_config.layers.vocab_size, self.num_groups,
+                                        self.device)
+        self.sampler = FrameSampler(self.talker, self.state, PredictorCache(self.talker, max_batch, self.dtype,
+                                                                            self.device))
+        self.kv_cache = PagedKVCache(talker_config.layers.num_hidden_layers, self._num_kv_blocks(),
+                                     config.block_size, talker_config.layers.num_key_value_heads,
+                                     talker_config.layers.head_dim, self.dtype, self.device)
+        self.decode_backend = PagedDecodeBackend(self.kv_cache, max_batch, config.max_blocks_per_request)
+        self.prefill_backend = PagedPrefillBackend(self.kv_cache)
+        scratch = self.state.scratch_slot
+        self.buffers = _DecodeBuffers(
+            slots=torch.full((max_batch,), scratch, dtype=torch.int64, device=self.device),
+            text_ids=torch.full((max_batch,), self.tts_pad_id, dtype=torch.int64, device=self.device),
+            frame_index=torch.zeros(max_batch, dtype=torch.int64, device=self.device),
+            frames=torch.zeros(max_batch, self.num_groups, dtype=torch.int64, device=self.device),
+        )
+        self.first_frame = _FirstFrameBuffers(
+            hidden=torch.zeros(max_batch, talker_config.layers.hidden_size, dtype=self.dtype, device=self.device),
+            slots=torch.full((max_batch,), scratch, dtype=torch.int64, device=self.device),
+            frame_index=torch.zeros(max_batch, dtype=torch.int64, device=self.device),
+            frames=torch.zeros(max_batch, self.num_groups, dtype=torch.int64, device=self.device),
+        )
+        # Row max_num_slots is the codec's scratch row, as SlotState's last row is the sampler's.
+        self.codec_state = model.codec_decoder.new_stream_state(config.max_num_slots + 1)
+        self.codec_scratch_row = config.max_num_slots
+        max_chunk = max(config.codec_graph_chunk_sizes, default=1)
+        samples_per_frame = model.speech_config.samples_per_frame
+        self.codec = _CodecBuffers(
+            slots=torch.full((max_batch,), self.codec_scratch_row, dtype=torch.int64, device=self.device),
+            codes=torch.zeros(max_batch, self.num_groups, max_chunk, dtype=torch.int64, device=self.device),
+            audio=torch.zeros(max_batch, max_chunk * samples_per_frame, dtype=torch.float32, device=self.device),
+        )
+        self.prefill_batch_buckets, self.prefill_length_buckets = config.prefill_buckets()
+        self.prefill = self._allocate_prefill_buffers(talker_config.layers.hidden_size)
+        self.pad_embedding = embed_text_ids(self.talker, [self.tts_pad_id])[0]
+        self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
+        if self.uses_graphs:
+            self._capture_graphs()
+
+    # -- sizing -------------------------------------------------------------------------------
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        layers = self.model.config.talker.layers
+        if self.device.type != "cuda":
+            return self.config.max_num_slots * self.config.max_blocks_per_request // 4 + 1
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return PagedKVCache.num_blocks_for_budget(int(free * self.config.kv_memory_fraction),
+                                                  layers.num_hidden_layers, self.config.block_size,
+                                                  layers.num_key_value_heads, layers.head_dim, self.dtype)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """Blocks requests may use (the cache's scratch block is not one of them)."""
+        return self.kv_cache.scratch_block
+
+    def _allocate_prefill_buffers(self, hidden_size: int) -> _PrefillBuffers:
+        max_batch = max(self.prefill_batch_buckets, default=0)
+        max_length = max(self.prefill_length_buckets, default=0)
+        max_width = -(-max_length // self.config.block_size)
+        device = self.device
+        return _PrefillBuffers(
+            inputs=torch.zeros(max_batch, max_length, hidden_size, dtype=self.dtype, device=device),
+            lengths=torch.zeros(max_batch, dtype=torch.int64, device=device),
+            start_positions=torch.zeros(max_batch, dtype=torch.int64, device=device),
+            block_tables=torch.full((max_batch, max_width), self.kv_cache.scratch_block, dtype=torch.int32,
+                                    device=device),
+            positions=torch.arange(max_length, device=device),
+            last_hidden=torch.zeros(max_batch, hidden_size, dtype=self.dtype, device=device))
+
+    # -- decode -------------------------------------------------------------------------------
+
+    def _decode_step(self, batch: int) -> None:
+        """The whole frame for `batch` rows: talker decode, codebook 0, code predictor, codebooks 1..G-1."""
+        buffers = self.buffers
+        slots = buffers.slots[:batch]
+        inputs = self.talker.embed_frame(self.state.last_frame[slots]) + self.talker.embed_text(
+            buffers.text_ids[:batch])
+        positions = self.decode_backend.positions[:batch]
+        hidden = self.talker.hidden(inputs[:, None], positions[:, None], self.decode_backend)[:, 0]
+        buffers.frames[:batch] = self.sampler(hidden, slots, buffers.frame_index[:batch])
+
+    def _first_frame_step(self, batch: int) -> None:
+        buffers = self.first_frame
+        buffers.frames[:batch] = self.sampler(buffers.hidden[:batch], buffers.slots[:batch],
+                                              buffers.frame_index[:batch])
+
+    def _codec_step(self, batch: int, num_frames: int) -> None:
+        buffers = self.codec
+        slots = buffers.slots[:batch]
+        rows = self._codec_rows(slots)
+        audio = self.model.codec_decoder.decode_chunk(buffers.codes[:batch, :, :num_frames], rows)
+        self._store_codec_rows(slots, rows)
+        buffers.audio[:batch, :audio.shape[1]] = audio.float()
+
+    def _prefill_step(self, batch: int, length: int) -> None:
+        buffers = self.prefill
+        width = -(-length // self.config.block_size)
+        lengths = buffers.lengths[:batch]
+        self.prefill_backend.bind_static(buffers.block_tables[:batch, :width], lengths,
+                                         buffers.start_positions[:batch])
+        hidden = self.talker.hidden(buffers.inputs[:batch, :length], buffers.positions[:length].expand(batch, -1),
+                                    self.prefill_backend)
+        rows = torch.arange(batch, device=self.device)
+        buffers.last_hidden[:batch] = hidden[rows, (lengths - 1).clamp(min=0)]
+
+    def _capture_graphs(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        self.decode_backend.set_metadata(torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int64))
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+
+        def capture(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
+            step()  # warm-up: lazy initialisation stays out of the graph
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                step()
+            return graph
+
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for batch in reversed(self.buckets):
+                self.buffers.graphs[batch] = capture(lambda b=batch: self._decode_step(b))
+                self.first_frame.graphs[batch] = capture(lambda b=batch: self._first_frame_step(b))
+                for num_frames in self.config.codec_graph_chunk_sizes:
+                    self.codec.graphs[(batch, num_frames)] = capture(
+                        lambda b=batch, t=num_frames: self._codec_step(b, t))
+            for batch in self.prefill_batch_buckets:
+                for length in self.prefill_length_buckets:
+                    self.prefill.graphs[(batch, length)] = capture(lambda b=batch, t=length: self._prefill_step(b, t))
+            # The warm-ups advanced the scratch row's stream; keep it bounded at its start.
+            self.codec_state.reset_rows(torch.tensor([self.codec_scratch_row], device=self.device))
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+
+    def captured_graph_batch_sizes(self) -> dict[str, list[int]]:
+        """Each captured CUDA graph's batch size, by kind (empty lists when the runner runs eagerly)."""
+        return {"decode": sorted(self.buffers.graphs), "first_frame": sorted(self.first_frame.graphs),
+                "codec": sorted(batch for batch, _ in self.codec.graphs),
+                "prefill": sorted(batch for batch, _ in self.prefill.graphs)}
+
+    def bucket_for(self, batch: int) -> int:
+        bucket = _smallest_at_least(self.buckets, batch)
+        if bucket is None:
+            raise ValueError(f"batch {batch} exceeds the largest bucket {self.buckets[-1]}")
+        return bucket
+
+    def _decode(self, decodes: tuple[DecodeInput, ...]) -> torch.Tensor:
+        batch = len(decodes)
+        self.decode_backend.set_metadata(_block_tables([d.block_ids for d in decodes]),
+                                         torch.tensor([d.position for d in decodes], dtype=torch.int64))
+        buffers = self.buffers
+        bucket = self.bucket_for(batch) if self.uses_graphs else batch
+        host = torch.tensor([[d.slot, d.text_id, d.frame_index] for d in decodes], dtype=torch.int64)
+        _load_padded(buffers.slots, host[:, 0], self.state.scratch_slot)
+        _load_padded(buffers.text_ids, host[:, 1], self.tts_pad_id)
+        _load_padded(buffers.frame_index, host[:, 2], 0)
+        if self.uses_graphs:
+            buffers.graphs[bucket].replay()
+        else:
+            self._decode_step(batch)
+        return buffers.frames[:batch]
+
+    # -- prefill ------------------------------------------------------------------------------
+
+    def _prefill_embeddings(self, item: PrefillInput) -> torch.Tensor:
+        embeds = embed_prompt(self.talker, item.prompt, item.speaker_embedding)
+        if not item.resumed_frames:
+            return embeds
+        frames = torch.tensor(item.resumed_frames, dtype=torch.long, device=self.device)
+        text = embed_text_ids(self.talker, item.resumed_text_ids)
+        return torch.cat([embeds, self.talker.embed_frame(frames) + text])
+
+    def _prefill_bucket(self, batch: int, longest: int) -> tuple[int, int] | None:
+        """The captured (batch, length) bucket that holds this prefill; None when it must run eagerly."""
+        batch_bucket = _smallest_at_least(self.prefill_batch_buckets, batch)
+        length_bucket = _smallest_at_least(self.prefill_length_buckets, longest)
+        if not self.uses_graphs or batch_bucket is None or length_bucket is None:
+            return None
+        return batch_bucket, length_bucket
+
+    def _prefill_hidden_eager(self, embeds: list[torch.Tensor], lengths: torch.Tensor,
+                              block_tables: torch.Tensor) -> torch.Tensor:
+        longest = int(lengths.max())
+        inputs = torch.stack([F.pad(e, (0, 0, 0, longest - e.shape[0])) for e in embeds])
+        self.prefill_backend.set_metadata(block_tables, lengths)
+        positions = torch.arange(longest, device=self.device).expand(len(embeds), -1)
+        hidden = self.talker.hidden(inputs, positions, self.prefill_backend)
+        return hidden[torch.arange(len(embeds), device=self.device), lengths.to(self.device) - 1]
+
+    def _prefill_hidden_graph(self, bucket: tuple[int, int], embeds: list[torch.Tensor], lengths: torch.Tensor,
+                              block_tables: torch.Tensor) -> torch.Tensor:
+        batch_bucket, length_bucket = bucket
+        width = -(-length_bucket // self.config.block_size)
+        # A row may hold blocks for frames to come; its prompt needs only the first `width`.
+        block_tables = block_tables[:, :width]
+        validate_host_metadata(self.kv_cache, block_tables, torch.zeros_like(lengths), lengths)
+        buffers = self.prefill
+        for row, embedding in enumerate(embeds):
+            buffers.inputs[row, :embedding.shape[0]].copy_(embedding)
+        _load_padded(buffers.lengths[:batch_bucket], lengths, 0)
+        tables = buffers.block_tables[:batch_bucket, :width]
+        tables.fill_(self.kv_cache.scratch_block)
+        tables[:len(embeds), :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
+        buffers.graphs[bucket].replay()
+        return buffers.last_hidden[:len(embeds)]
+
+    def _prefill(self, prefills: tuple[PrefillInput, ...], embeds: list[torch.Tensor]) -> torch.Tensor:
+        lengths = torch.tensor([e.shape[0] for e in embeds], dtype=torch.int64)
+        block_tables = _block_tables([item.block_ids for item in prefills])
+        bucket = self._prefill_bucket(len(prefills), int(lengths.max()))
+        if bucket is None:
+            last = self._prefill_hidden_eager(embeds, lengths, block_tables)
+        else:
+            last = self._prefill_hidden_graph(bucket, embeds, lengths, block_tables)
+
+        for item in prefills:
+            self.state.assign(item.slot, item.params)
+            if item.resumed_frames:
+                code0 = torch.tensor([frame[0] for frame in item.resumed_frames], device=self.device)
+                self.state.seen[item.slot, code0] = True
+        host = torch.tensor([[item.slot, len(item.resumed_frames)] for item in prefills], dtype=torch.int64)
+        if not self.uses_graphs:
+            return self.sampler(last, host[:, 0].to(self.device), host[:, 1].to(self.device))
+        batch = len(prefills)
+        buffers = self.first_frame
+        _load_padded(buffers.slots, host[:, 0], self.state.scratch_slot)
+        _load_padded(buffers.frame_index, host[:, 1], 0)
+        buffers.hidden[:batch].copy_(last)
+        buffers.graphs[self.bucket_for(batch)].replay()
+        return buffers.frames[:batch]
+
+    # -- step ---------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, step: StepInput) -> StepOutput:
+        prefills, embeds, failed = self._prefill_inputs(step.prefills)
+        produced = []
+        if prefills:
+            produced.append(self._prefill(prefills, embeds))
+        if step.decodes:
+            produced.append(self._decode(step.decodes))
+        if not produced:
+            empty = np.zeros((0, self.num_groups), dtype=np.int64)
+            return StepOutput(empty, empty, failed)
+        frames = torch.cat(produced).cpu().numpy()  # the step's one device-to-host copy
+        return StepOutput(frames[:len(prefills)], frames[len(prefills):], failed)
+
+    def _prefill_inputs(self, items: tuple[PrefillInput, ...]
+                        ) -> tuple[tuple[PrefillInput, ...], list[torch.Tensor], dict[int, str]]:
+        """Each prefill's embeddings, built one request at a time so that one request's bad input (a voice
+        embedding of the wrong shape, say) fails that request alone."""
+        kept, embeds, failed = [], [], {}
+        for index, item in enumerate(items):
+            try:
+                embeds.append(self._prefill_embeddings(item))
+            except Exception as error:  # charged to this request by the caller
+                failed[index] = f"{type(error).__name__}: {error}"
+                continue
+            kept.append(item)
+        return tuple(kept), embeds, failed
+
+    # -- audio --------------------------------------------------------------------------------
+
+    def _codec_rows(self, slots: torch.Tensor) -> CodecStreamState:
+        state = self.codec_state
+        return CodecStreamState(position=state.position[slots], keys=state.keys[slots], values=state.values[slots],
+                                conv=tuple(t[slots] for t in state.conv))
+
+    def _store_codec_rows(self, slots: torch.Tensor, rows: CodecStreamState) -> None:
+        for target, source in zip(self.codec_state.tensors(), rows.tensors(), strict=True):
+            target.index_copy_(0, slots, source)
+
+    @torch.inference_mode()
+    def reset_audio(self, slots: list[int]) -> None:
+        self.codec_state.reset_rows(torch.tensor(slots, dtype=torch.int64, device=self.device))
+
+    @torch.inference_mode()
+    def decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
+        """Decode the next `codes` [n, T, G] of each slot's audio stream -> float32 samples [n, T * spf]."""
+        # Checked on the host: an out-of-range code would be a device-side assert, which poisons
+        # the whole CUDA context instead of failing one request.
+        codebook_size = self.model.codec_decoder.config.codebook_size
+        if codes.size and (codes.min() < 0 or codes.max() >= codebook_size):
+            bad = np.argwhere((codes < 0) | (codes >= codebook_size))[0]
+            raise ValueError(f"code {int(codes[tuple(bad)])} at (row, frame, codebook) {tuple(bad.tolist())} "
+                             f"is outside the codec's [0, {codebook_size})")
+        batch, num_frames = len(slots), codes.shape[1]
+        chunk = torch.from_numpy(codes).to(self.device, non_blocking=True).transpose(1, 2)
+        graph = self.codec.graphs.get((self.bucket_for(batch), num_frames)) if batch <= self.buckets[-1] else None
+        if graph is None:
+            index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            rows = self._codec_rows(index)
+            audio = self.model.codec_decoder.decode_chunk(chunk, rows)
+            self._store_codec_rows(index, rows)
+            return audio.float().cpu().numpy()
+        buffers = self.codec
+        _load_padded(buffers.slots, torch.tensor(slots, dtype=torch.int64), self.codec_scratch_row)
+        buffers.codes[:batch, :, :num_frames].copy_(chunk)
+        graph.replay()
+        return buffers.audio[:batch, :num_frames * self.model.speech_config.samples_per_frame].cpu().numpy()
+
+
+def _smallest_at_least(sizes: tuple[int, ...], value: int) -> int | None:
+    """The first of the increasing `sizes` that is >= value; None when value exceeds them all."""
+    index = bisect.bisect_left(sizes, value)
+    return sizes[index] if index < len(sizes) else None
+
+
+def _block_tables(rows: list[tuple[int, ...]]) -> torch.Tensor:
+    """Block ids per row, right-padded with block 0 (never read past a row's positions) to one width."""
+    width = max(len(row) for row in rows)
+    return torch.tensor([row + (0,) * (width - len(row)) for row in rows], dtype=torch.int32)
+
+
+def _load_padded(buffer: torch.Tensor, values: torch.Tensor, padding: int) -> None:
+    """A static graph input: `values` in its first rows, `padding` (a scratch row or a neutral id) after."""
+    buffer[len(values):].fill_(padding)
+    buffer[:len(values)].copy_(values, non_blocking=True)
