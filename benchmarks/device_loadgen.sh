@@ -2,7 +2,7 @@
 # The service's benchmark of record on a GPU machine with no network: the real gRPC server on random
 # 1.7B weights, driven by the open-loop load generator at several request rates.
 #     bash benchmarks/device_loadgen.sh OUT_DIR [RATES] [SECONDS_PER_RATE]
-# Wheels the machine lacks travel in .whl/: .whl/site (audio libraries), .whl/otel (OpenTelemetry) and
+# Wheels the machine lacks travel in .whl/ (fetched here by benchmarks/fetch_wheels.sh): .whl/site (audio libraries), .whl/otel (OpenTelemetry) and
 # .whl/grpc (grpcio-tools, health checking, reflection, status and the protobuf they were built against).
 # The server runs as in production, with its metrics endpoint on; the last scrape is kept.
 set -euo pipefail

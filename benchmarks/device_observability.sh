@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What metrics and tracing cost the engine's frame step, on a GPU machine with no network:
 #     bash benchmarks/device_observability.sh OUT_DIR [CONCURRENCY] [ROUNDS]
-# Wheels the machine lacks travel in .whl/: .whl/site (audio libraries), .whl/grpc (gRPC extras and
+# Wheels the machine lacks travel in .whl/ (fetched here by benchmarks/fetch_wheels.sh): .whl/site (audio libraries), .whl/grpc (gRPC extras and
 # protobuf) and .whl/otel (the OpenTelemetry SDK and its OTLP/gRPC exporter).
 set -euo pipefail
 out=${1:?usage: device_observability.sh OUT_DIR [CONCURRENCY] [ROUNDS]}

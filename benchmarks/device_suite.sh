@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The three engine benchmarks in one call on a GPU machine with no network:
 #     bash benchmarks/device_suite.sh OUT_DIR
-# Wheels the machine lacks travel in .whl/: .whl/site (audio libraries the service imports) and
+# Wheels the machine lacks travel in .whl/ (fetched here by benchmarks/fetch_wheels.sh): .whl/site (audio libraries the service imports) and
 # .whl/ref (qwen-tts with the transformers it pins, used only by the reference benchmark).
 set -euo pipefail
 out=${1:?usage: device_suite.sh OUT_DIR}

@@ -22,9 +22,9 @@ from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from qwen3_tts.v1.protocol import SERVICE_NAME as GRPC_SERVICE
 
 from observability.calls import CallRecord
+from qwen3_tts.v1.protocol import SERVICE_NAME as GRPC_SERVICE
 
 DEFAULT_SERVICE_NAME = "qwen3-tts"
 ATTRIBUTE_PREFIX = "qwen3_tts."

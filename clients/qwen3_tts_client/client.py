@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
 from qwen3_tts.v1.protocol import tts_pb2, tts_pb2_grpc
 
 pb: Any = tts_pb2

@@ -25,8 +25,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from google.protobuf import json_format
-from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2
 
+from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2
 from tests.deploy.listeners import check_bindable
 from tts_service.api.config import API_KEYS_ENV, ServerConfig, load_config
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import grpc
 import pytest
-from qwen3_tts.v1.protocol import tts_pb2, tts_pb2_grpc
 
 from clients.qwen3_tts_client import AsyncTtsClient, AudioFormat, Connection, Generation
 from clients.qwen3_tts_client.client import streaming_config, synthesize_request
+from qwen3_tts.v1.protocol import tts_pb2, tts_pb2_grpc
 from tests.service.helpers import RYAN, RunningServer, start_server, wait_until
 from tts_service.engine.engine import Engine
 from tts_service.model.checkpoint import LoadedModel

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from qwen3_tts.v1.protocol import SERVICE_NAME
 
 from clients.qwen3_tts_client import TtsClient
+from qwen3_tts.v1.protocol import SERVICE_NAME
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server, wait_until
 from tts_service.model.checkpoint import LoadedModel
 

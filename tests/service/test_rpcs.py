@@ -12,9 +12,9 @@ import pytest
 import soundfile as sf
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from qwen3_tts.v1.protocol import SERVICE_NAME
 
 from clients.qwen3_tts_client import AudioFormat, Flush, Generation, TtsClient, tts_pb2
+from qwen3_tts.v1.protocol import SERVICE_NAME
 from tests.service.helpers import GREEDY, NATIVE_RATE, RYAN, SAMPLES_PER_FRAME, RunningServer, wait_until
 
 pb = tts_pb2

@@ -15,10 +15,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2_grpc
 
 from clients.qwen3_tts_client import Connection, TtsClient, tts_pb2
 from clients.qwen3_tts_client.client import synthesize_request
+from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2_grpc
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server
 from tests.service.processes import free_port
 from tts_service.model.checkpoint import LoadedModel

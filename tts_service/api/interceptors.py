@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+
 from qwen3_tts.v1.protocol import SERVICE_NAME
 
 _HEALTH_SERVICE_PREFIX = "/grpc.health.v1.Health/"

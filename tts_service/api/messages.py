@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 import numpy as np
-from qwen3_tts.v1.protocol import tts_pb2
 
+from qwen3_tts.v1.protocol import tts_pb2
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, invalid
 from tts_service.audio.output import (
@@ -86,7 +86,7 @@ def synthesis_input(text: str, voice: Any, clone: VoiceClone | None, non_streami
 
 def check_clone_request(voice: Any, model: ModelInfo) -> None:
     """Refuse a clone the model cannot do before spending time on the reference audio."""
-    if model.model_type != "base":
+    if not model.can_clone:
         raise PromptError("voice.reference_audio", f"the loaded {model.model_type} model cannot clone "
                                                    "voices; voice cloning needs a Base checkpoint")
     if not voice.x_vector_only and not voice.reference_text.strip():

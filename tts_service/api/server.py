@@ -29,12 +29,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
 
 from observability.calls import CallRecord, CallResult
 from observability.logs import bind_call
 from observability.metrics import LiveState, ServiceMetrics
 from observability.tracing import CallTracer, trace_id_of
+from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, answering_errors
 from tts_service.api.interceptors import AdmissionInterceptor, ApiKeyInterceptor, ServingState

@@ -16,9 +16,9 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
-from qwen3_tts.v1.protocol import tts_pb2
 
 from observability.calls import CallRecord
+from qwen3_tts.v1.protocol import tts_pb2
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, invalid
 from tts_service.engine import Engine

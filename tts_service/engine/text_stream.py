@@ -54,7 +54,6 @@ class IncrementalTokenizer:
         self._pending = ""
         self._is_first_piece = True
         self.is_closed = False
-        self.num_characters = 0
 
     @property
     def pending_text(self) -> str:
@@ -64,7 +63,6 @@ class IncrementalTokenizer:
         """Add a fragment; returns the ids that became final (possibly none)."""
         if self.is_closed:
             raise ValueError("text arrived after the input was closed")
-        self.num_characters += len(fragment)
         self._pending = self._tokenization.normalize(self._pending + fragment)
         starts = self._tokenization.pre_token_starts(self._pending)
         if len(starts) < 2:

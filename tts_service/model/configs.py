@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
-MODEL_SIZES = ("0b6", "1b7")
 
 
 class ConfigError(ValueError):
