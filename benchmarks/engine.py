@@ -63,7 +63,8 @@ class RequestTiming:
     max_lateness_s: float  # > 0: the listener would have heard a gap
 
 
-async def timed_request(engine: Engine, index: int, concurrency: int, frame_s: float) -> RequestTiming:
+async def timed_request(engine: Engine, index: int, concurrency: int, frame_s: float,
+                        non_streaming_text: bool = False) -> RequestTiming:
     request_id = f"c{concurrency}-{index}"
     text_index = index % len(BENCH_TEXTS)
     text = BENCH_TEXTS[text_index]
@@ -71,7 +72,8 @@ async def timed_request(engine: Engine, index: int, concurrency: int, frame_s: f
     params = GenerationParams(talker=SamplingParams(0.9, top_k=50), predictor=SamplingParams(0.9, top_k=50),
                               max_new_frames=num_frames, min_new_frames=num_frames, seed=index)
     started = time.perf_counter()
-    stream = engine.submit(SynthesisRequest(request_id, SynthesisInput(text, "english", "ryan"), params))
+    synthesis = SynthesisInput(text, "english", "ryan", non_streaming_mode=non_streaming_text)
+    stream = await engine.submit(SynthesisRequest(request_id, synthesis, params))
     first_audio = None
     max_lateness = float("-inf")
     async for chunk in stream:
@@ -86,12 +88,13 @@ async def timed_request(engine: Engine, index: int, concurrency: int, frame_s: f
                          finished - started, (finished - started) / audio_s, max_lateness)
 
 
-async def run_level(engine: Engine, concurrency: int, num_requests: int, frame_s: float) -> list[RequestTiming]:
+async def run_level(engine: Engine, concurrency: int, num_requests: int, frame_s: float,
+                    non_streaming_text: bool = False) -> list[RequestTiming]:
     gate = asyncio.Semaphore(concurrency)
 
     async def one(index: int) -> RequestTiming:
         async with gate:
-            return await timed_request(engine, index, concurrency, frame_s)
+            return await timed_request(engine, index, concurrency, frame_s, non_streaming_text)
 
     return list(await asyncio.gather(*(one(index) for index in range(num_requests))))
 
@@ -126,15 +129,16 @@ def step_summary(before: EngineStats, after: EngineStats) -> dict[str, float]:
             "prefills_per_step": (after.num_prefills - before.num_prefills) / num_steps}
 
 
-async def run_benchmark(engine: Engine, levels: list[int], frame_s: float) -> tuple[list[dict], list[RequestTiming]]:
+async def run_benchmark(engine: Engine, levels: list[int], frame_s: float,
+                        non_streaming_text: bool = False) -> tuple[list[dict], list[RequestTiming]]:
     engine.start()
     try:
-        await run_level(engine, 1, 2, frame_s)  # warm-up: lazy initialisation, allocator growth
+        await run_level(engine, 1, 2, frame_s, non_streaming_text)  # warm-up: lazy initialisation, allocator growth
         summaries, timings = [], []
         for concurrency in levels:
             started = time.perf_counter()
             before = replace(engine.stats)
-            level = await run_level(engine, concurrency, max(8, 2 * concurrency), frame_s)
+            level = await run_level(engine, concurrency, max(8, 2 * concurrency), frame_s, non_streaming_text)
             summary = summarize(concurrency, level, time.perf_counter() - started)
             summary.update(step_summary(before, engine.stats))
             summaries.append(summary)
@@ -150,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,8,32,128")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--non-streaming-text", action="store_true",
+                        help="give the talker each whole text up front (qwen-tts's default for CustomVoice)")
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     model = load_model(args.model, LoadOptions.default_for(args.device))
@@ -158,10 +164,11 @@ def main(argv: list[str] | None = None) -> int:
                                                max_positions_per_request=1024))
     startup_s = time.perf_counter() - started
     frame_s = 1.0 / model.speech_config.frame_rate_hz
-    summaries, timings = asyncio.run(run_benchmark(engine, levels, frame_s))
+    summaries, timings = asyncio.run(run_benchmark(engine, levels, frame_s, args.non_streaming_text))
     device = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
     report = {"benchmark": "engine", "device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
               "model": args.model, "dtype": str(engine.runner.dtype), "startup_s": startup_s,
+              "non_streaming_text": args.non_streaming_text,
               "command": " ".join(["python -m benchmarks.engine", *(argv or sys.argv[1:])]),
               "texts": list(BENCH_TEXTS), "levels": summaries, "requests": [asdict(t) for t in timings]}
     args.out.parent.mkdir(parents=True, exist_ok=True)

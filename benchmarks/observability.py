@@ -74,7 +74,7 @@ async def one_request(engine: Engine, index: int, observation: Observation | Non
     span = observation.tracer.start(record, ()) if observation is not None else None
     if observation is not None:
         bind_call(request_id, None)
-    stream = engine.submit(SynthesisRequest(request_id, SynthesisInput(text, "english", "ryan"), params))
+    stream = await engine.submit(SynthesisRequest(request_id, SynthesisInput(text, "english", "ryan"), params))
     async for chunk in stream:
         if observation is not None:
             record.add_chunk(chunk.first_frame * frame_s)

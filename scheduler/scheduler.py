@@ -31,8 +31,12 @@ One schedule() does, in order:
      first (oldest admission first), then new ones in add() order, while the step's prefill
      positions stay within max_prefill_positions_per_step (the first admission of a step is exempt,
      so a long prompt cannot starve), a slot is free, KV for the prefill plus one decode position
-     can be allocated, and the batch stays within max_running. The first request that does not fit
-     stops admission: skipping ahead to smaller requests would starve large ones. The one exception
+     can be allocated, and the batch stays within max_running. When the slot or the KV is missing,
+     stalled requests (PARKED because their text has run dry or their reader has fallen behind, not
+     for batch room) are preempted for it, newest admission first: capacity follows progress, so
+     clients that stall cannot lock others out. They resume, recomputed, once they can go on. The
+     first request that does not fit stops admission: skipping ahead to smaller requests would
+     starve large ones. The one exception
      is a resumed request whose next text token has not arrived or whose reader is behind: it is not
      blocked by capacity, so it keeps its place and the requests behind it may go.
   4. Deadline protection. Prefills make a step slower, and a slower step delivers less audio per
@@ -211,11 +215,13 @@ class Scheduler:
         self._waiting.append(request)
 
     def _num_waiting_to_run(self) -> int:
-        """Waiting requests less those already aborted: they leave at the next schedule(), and clients
-        that give up fast (short deadlines) must not fill the queue with requests nobody waits for."""
-        num_leaving = sum(self._requests[request_id].status is RequestStatus.WAITING
-                          for request_id in self._abort_reasons)
-        return self.num_waiting - num_leaving
+        """Requests waiting for capacity. Not counted: those already aborted (they leave at the next schedule(),
+        and clients that give up fast must not fill the queue with requests nobody waits for), and preempted
+        ones that could not run anyway (their text has run dry or their reader is behind: they wait for their
+        client, not for room, and clients that stall must not fill the queue either)."""
+        return sum(request.request_id not in self._abort_reasons
+                   and (request.is_ready_to_decode or request not in self._preempted)
+                   for request in (*self._preempted, *self._waiting))
 
     def append_text(self, request_id: str, num_tokens: int, is_closed: bool = False) -> bool:
         """Record newly arrived trailing text tokens. Returns False when the request is gone or done."""
@@ -262,7 +268,10 @@ class Scheduler:
         freed += self._release_finished()
         decodes, preempted = self._schedule_decodes()
         freed += preempted
-        prefills = [] if preempted else self._admit(now, num_decodes=len(decodes))
+        prefills: list[PrefillItem] = []
+        if not preempted:
+            prefills, preempted = self._admit(now, num_decodes=len(decodes))
+            freed += preempted
         codec_chunks = self._plan_codec_chunks()
         output = SchedulerOutput(
             prefills=tuple(prefills),
@@ -400,11 +409,13 @@ class Scheduler:
 
     # Steps 3 and 4: admission under the prefill budget and deadline protection.
 
-    def _admit(self, now: float, num_decodes: int) -> list[PrefillItem]:
+    def _admit(self, now: float, num_decodes: int) -> tuple[list[PrefillItem], list[FreedItem]]:
+        """This step's admissions, and the stalled requests preempted to make room for them."""
         max_positions = self.config.max_prefill_positions_per_step
         if self._is_playback_at_risk(now):
             max_positions = min(max_positions, self.config.max_prefill_positions_at_risk)
         prefills: list[PrefillItem] = []
+        preempted: list[FreedItem] = []
         num_positions_this_step = 0
         for request in [*self._preempted, *self._waiting]:
             if num_decodes + len(prefills) >= self.config.max_running:
@@ -416,11 +427,22 @@ class Scheduler:
                 break
             # One position past the prefill, so the first decode after it needs no new block.
             num_blocks = self._blocks.blocks_needed(min(num_positions + 1, request.max_kv_positions), 0)
+            preempted += self._make_room(num_blocks)
             if not (self._slots.can_allocate() and self._blocks.can_allocate(num_blocks)):
                 break
             prefills.append(self._admit_one(request, num_blocks, now))
             num_positions_this_step += num_positions
-        return prefills
+        return prefills, preempted
+
+    def _make_room(self, num_blocks: int) -> list[FreedItem]:
+        """Preempt stalled requests (waiting for text or for their reader), newest admission first, until a
+        slot and `num_blocks` are free or none is left: a request that cannot go on gives its capacity to one
+        that can, and takes it back, recomputed, once it can go on."""
+        preempted = []
+        stalled = [request for request in self._admitted if not request.is_ready_to_decode]
+        while stalled and not (self._slots.can_allocate() and self._blocks.can_allocate(num_blocks)):
+            preempted.append(self._preempt(stalled.pop()))
+        return preempted
 
     def _is_playback_at_risk(self, now: float) -> bool:
         for request in self._admitted:

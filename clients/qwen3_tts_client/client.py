@@ -74,13 +74,12 @@ class Generation:
     repetition_penalty: float | None = None
     seed: int | None = None
     max_audio_seconds: float | None = None
-    non_streaming_text: bool = False
+    non_streaming_text: bool | None = None  # None: the server's default for the model and call
 
     def to_proto(self) -> Any:
         fields = {name: getattr(self, name) for name in ("temperature", "top_k", "top_p", "repetition_penalty",
-                                                         "seed", "max_audio_seconds")}
-        return pb.GenerationConfig(non_streaming_text=self.non_streaming_text,
-                                   **{name: value for name, value in fields.items() if value is not None})
+                                                         "seed", "max_audio_seconds", "non_streaming_text")}
+        return pb.GenerationConfig(**{name: value for name, value in fields.items() if value is not None})
 
 
 _ENCODING_PREFIX = "AUDIO_ENCODING_"

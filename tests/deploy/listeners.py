@@ -1,32 +1,40 @@
-"""Whether the server's two listeners can bind the host a deployment configures, called as the server calls them."""
+"""Whether the server's listeners can bind the host a deployment configures, bound by the server itself."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
-from concurrent import futures
+from dataclasses import replace
 
-import grpc
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
 
+from tests.service.processes import free_port
 from tts_service.api.config import ServerConfig
+from tts_service.api.server import TtsServer
 
 
 def check_bindable(config: ServerConfig) -> None:
-    """gRPC (`host:port`, as TtsServer adds its port) and the metrics endpoint (prometheus_client's
-    start_http_server on the bare host, as tts_service.__main__.start_metrics calls it) both bind the
-    configured host; skips where this machine has no IPv6 and the host is an IPv6 address."""
-    if ":" in config.bare_host and not _has_ipv6():
+    """The server starts on the configured host, gRPC on a free port and /metrics on another; on every
+    interface, the metrics port answers on each loopback address, IPv4 and IPv6, as gRPC's does. Skips where
+    this machine has no IPv6 and the host needs it."""
+    needs_ipv6 = ":" in config.bare_host
+    if needs_ipv6 and not _has_ipv6():
         pytest.skip(f"this machine cannot bind IPv6, which {config.host} needs")
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # never started: binding is the question
-    try:
-        assert server.add_insecure_port(f"{config.host}:0") > 0, f"gRPC cannot bind {config.host}"
-    finally:
-        server.stop(None)
-    started = start_http_server(0, addr=config.bare_host, registry=CollectorRegistry())
-    if isinstance(started, tuple):  # prometheus_client >= 0.20: (server, thread)
-        started[0].shutdown()
-        started[0].server_close()
+    # Binding is the question: TLS files (stand-ins in the chart's tests) and the health port play no part in it.
+    config = replace(config, port=0, metrics_port=free_port(), health_port=None, tls_cert=None, tls_key=None,
+                     tls_client_ca=None)
+    loopbacks = {"::": ["127.0.0.1", "::1"], "0.0.0.0": ["127.0.0.1"]}.get(config.bare_host, [])
+
+    async def start_and_stop() -> None:
+        server = TtsServer(config)
+        await server.start()
+        try:
+            for address in loopbacks:
+                socket.create_connection((address, config.metrics_port), timeout=5).close()
+        finally:
+            await server.shutdown()
+
+    asyncio.run(start_and_stop())
 
 
 def _has_ipv6() -> bool:

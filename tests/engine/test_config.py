@@ -25,8 +25,9 @@ def test_the_runner_and_the_scheduler_agree_on_every_size_they_share() -> None:
 
 
 def test_a_request_has_room_for_the_longest_text_audio_and_reference_the_limits_allow() -> None:
-    config = EngineConfig(max_text_chars=100, max_audio_s=10.0, max_reference_audio_s=4.0)
-    expected = math.ceil(10.0 * FRAME_RATE_HZ) + math.ceil(4.0 * FRAME_RATE_HZ) + 2 * 100 + PROMPT_OVERHEAD_POSITIONS
+    config = EngineConfig(max_text_chars=100, max_reference_text_chars=30, max_audio_s=10.0, max_reference_audio_s=4.0)
+    expected = (math.ceil(10.0 * FRAME_RATE_HZ) + math.ceil(4.0 * FRAME_RATE_HZ) + 2 * 100 + 30
+                + PROMPT_OVERHEAD_POSITIONS)
     assert config.positions_per_request(FRAME_RATE_HZ) == expected
     assert EngineConfig(max_positions_per_request=300).runner_config(FRAME_RATE_HZ).max_positions_per_request == 300
 
@@ -41,6 +42,7 @@ def test_the_servers_flags_default_to_the_engines_defaults() -> None:
 @pytest.mark.parametrize("settings", [
     {"max_running": 0}, {"max_running": 8, "num_slots": 4}, {"max_waiting": 0}, {"max_audio_s": 0.0},
     {"max_unread_audio_s": float("inf")}, {"max_positions_per_request": 0}, {"max_text_chars": 0},
+    {"max_reference_text_chars": 0},
 ])
 def test_invalid_settings_are_refused_with_their_name(settings: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(reversed(settings)))):

@@ -63,7 +63,7 @@ def one_shot_audio(model, codes: np.ndarray) -> np.ndarray:
 async def run_all(engine: Engine, requests: list[SynthesisRequest]):
     engine.start()
     try:
-        streams = [engine.submit(request) for request in requests]
+        streams = [await engine.submit(request) for request in requests]
         return await asyncio.gather(*(stream.collect() for stream in streams))
     finally:
         await engine.stop()
@@ -120,7 +120,7 @@ def test_text_arriving_in_fragments_gives_the_whole_text_codes(tiny_models) -> N
     async def scenario():
         engine = make_engine(model)
         engine.start()
-        stream = engine.submit(SynthesisRequest("open", replace(synthesis, text=""), params, is_text_open=True))
+        stream = await engine.submit(SynthesisRequest("open", replace(synthesis, text=""), params, is_text_open=True))
         await feed(engine, "open", fragments)
         result = await stream.collect()
         await engine.stop()
@@ -140,9 +140,9 @@ def test_a_request_parked_for_text_does_not_hold_up_the_others(tiny_models) -> N
     async def scenario():
         engine = make_engine(model)
         engine.start()
-        parked = engine.submit(SynthesisRequest("open", open_input, params, is_text_open=True))
+        parked = await engine.submit(SynthesisRequest("open", open_input, params, is_text_open=True))
         engine.append_text("open", "Hello there ")
-        other = engine.submit(SynthesisRequest("other", SynthesisInput("Good morning.", "auto", "eric"), params))
+        other = await engine.submit(SynthesisRequest("other", SynthesisInput("Good morning.", "auto", "eric"), params))
         _, other_summary = await other.collect()
         was_parked = engine.scheduler.num_parked == 1
         engine.append_text("open", "friend.")
@@ -166,9 +166,9 @@ def test_abort_mid_stream_ends_that_stream_and_frees_its_memory(tiny_models) -> 
     async def scenario():
         engine = make_engine(model)
         engine.start()
-        doomed = engine.submit(SynthesisRequest("doomed", SynthesisInput("Talk for a long time.", "auto", "ryan"),
+        doomed = await engine.submit(SynthesisRequest("doomed", SynthesisInput("Talk for a long time.", "auto", "ryan"),
                                                 long_params))
-        survivor = engine.submit(SynthesisRequest("survivor", short_input, short_params))
+        survivor = await engine.submit(SynthesisRequest("survivor", short_input, short_params))
         chunks = 0
         async for _ in doomed:
             chunks += 1
@@ -220,10 +220,10 @@ def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(tiny_mode
 
         monkeypatch.setattr(engine.runner, "execute", flaky)
         engine.start()
-        victim = engine.submit(SynthesisRequest("victim", synthesis, params))
+        victim = await engine.submit(SynthesisRequest("victim", synthesis, params))
         with pytest.raises(RequestFailed, match="injected fault"):
             await victim.collect()
-        _, later = await engine.submit(SynthesisRequest("later", synthesis, params)).collect()
+        _, later = await (await engine.submit(SynthesisRequest("later", synthesis, params))).collect()
         await engine.stop()
         return victim.summary, later
 
@@ -238,7 +238,7 @@ def test_open_text_closed_without_words_fails_naming_the_text_field(tiny_models)
     async def scenario():
         engine = make_engine(model)
         engine.start()
-        stream = engine.submit(SynthesisRequest("blank", SynthesisInput("", "auto", "ryan"), GenerationParams(),
+        stream = await engine.submit(SynthesisRequest("blank", SynthesisInput("", "auto", "ryan"), GenerationParams(),
                                                 is_text_open=True))
         engine.append_text("blank", "   \n ")
         engine.close_text("blank")
@@ -258,16 +258,20 @@ def test_a_full_queue_refuses_at_submit_and_keeps_the_queued(tiny_models) -> Non
     synthesis = SynthesisInput("Good morning.", "auto", "eric")
 
     async def scenario():
-        engine = make_engine(model, max_waiting=1)
+        engine = make_engine(model, max_running=1, max_waiting=1)
         engine.start()
-        first = engine.submit(SynthesisRequest("first", synthesis, params))
+        running = await engine.submit(SynthesisRequest("running", synthesis, params))
+        first_chunk = await anext(running)  # admitted: it holds the one running place
+        queued = await engine.submit(SynthesisRequest("queued", synthesis, params))
         with pytest.raises(QueueFullError):
-            engine.submit(SynthesisRequest("second", synthesis, params))
-        _, summary = await first.collect()
+            await engine.submit(SynthesisRequest("refused", synthesis, params))
+        num_running_frames = first_chunk.num_frames + sum([chunk.num_frames async for chunk in running])
+        _, queued_summary = await queued.collect()
         await engine.stop()
-        return summary
+        return num_running_frames, queued_summary
 
-    assert asyncio.run(scenario()).num_frames == 4
+    num_running_frames, queued_summary = asyncio.run(scenario())
+    assert num_running_frames == queued_summary.num_frames == 4
 
 
 class TickingClock:
@@ -291,7 +295,7 @@ def test_a_passed_deadline_aborts_the_request_queued_or_decoding(tiny_models, de
         clock = TickingClock(0.01)
         engine = make_engine(model, clock=clock)
         engine.start()
-        stream = engine.submit(SynthesisRequest("late", SynthesisInput("Hello.", "auto", "eric"), params,
+        stream = await engine.submit(SynthesisRequest("late", SynthesisInput("Hello.", "auto", "eric"), params,
                                                 deadline=clock.now + deadline_after_s))
         _, summary = await stream.collect()
         await engine.stop()

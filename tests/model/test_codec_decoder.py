@@ -1,4 +1,5 @@
-"""The codec decoder: parity with the reference decoder, and exact chunked streaming."""
+"""The codec decoder: parity with the reference decoder, and chunked streaming equal to one-shot decoding up to
+float rounding."""
 
 from __future__ import annotations
 

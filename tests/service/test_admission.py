@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -48,23 +47,18 @@ def retry_delay_s(error: grpc.RpcError) -> float | None:
 def test_a_full_queue_answers_resource_exhausted_with_a_retry_delay_and_keeps_the_queued(
         small_server: RunningServer, small_client: TtsClient) -> None:
     scheduler = small_server.engine.scheduler
-    release = threading.Event()
-
-    def text_then_wait() -> Iterator[str]:
-        yield "Hi "  # two tokens: it speaks a frame or two, then waits for more
-        release.wait(timeout=30)
-
-    # The only slot: a stream that has spoken its few words and is parked, waiting for more text.
-    holder = small_client.streaming_synthesize(text_then_wait(), RYAN, generation=Generation(max_audio_seconds=2.0))
+    # The only slot: a long request whose client reads it, so that it keeps running (a stalled one would give
+    # its slot to the queued request).
+    holder = small_client.synthesize_online("Hold the only slot for a while.", RYAN,
+                                            generation=Generation(temperature=0.0, max_audio_seconds=8.0))
     with ThreadPoolExecutor(max_workers=2) as calls:  # a blocking client's stream starts once it is read
         holding = calls.submit(list, holder)
-        assert wait_until(lambda: scheduler.num_parked == 1)
+        assert wait_until(lambda: scheduler.num_running == 1)
         queued = calls.submit(list, small_client.synthesize_online("Queued.", RYAN, generation=SHORT))
         assert wait_until(lambda: scheduler.num_waiting == 1)
         with pytest.raises(grpc.RpcError) as caught:
             small_client.synthesize("Refused.", RYAN, generation=SHORT)
         holder.cancel()
-        release.set()
         assert queued.result(timeout=30)[-1].completion.usage.audio_frames >= 2
         with pytest.raises(grpc.RpcError):
             holding.result(timeout=30)

@@ -76,20 +76,3 @@ def test_tracing_settings_this_server_cannot_honour_are_refused_naming_the_varia
                                                                                    variable: str) -> None:
     with pytest.raises(ConfigError, match=variable):
         load_config([], environ)
-
-
-def test_the_metrics_endpoint_binds_the_default_dual_stack_host(unused_port: int) -> None:
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    config = load_config(["--metrics-port", str(unused_port)], {})
-    assert config.host == "[::]" and config.bare_host == "::"
-    server, thread = start_http_server(unused_port, addr=config.bare_host, registry=CollectorRegistry())
-    server.shutdown()
-    thread.join(timeout=5)
-
-
-@pytest.fixture
-def unused_port() -> int:
-    from tests.service.processes import free_port
-
-    return free_port()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,10 @@ from tts_service.model.prompts import PromptError
 
 pb = tts_pb2
 ONE_FRAME = Generation(temperature=0.0, max_audio_seconds=0.08)
+# What no status message may carry: a Python class name, or an object's repr with its heap address.
+PYTHON_INTERNALS = re.compile(r"<class '|object at 0x|Traceback")
+# A field tag whose varint never ends: these bytes parse as no protobuf message at all.
+NOT_PROTOBUF = b"\xff\xff\xff"
 
 
 def assert_still_serving(client: TtsClient) -> None:
@@ -89,8 +94,64 @@ def test_invalid_requests_get_invalid_argument_naming_the_field(custom_voice_ser
         call(client)
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
     assert message in caught.value.details()
+    assert not PYTHON_INTERNALS.search(caught.value.details())
     assert wait_until(lambda: custom_voice_server.engine.num_live_requests == 0, timeout_s=2.0)
     assert_still_serving(client)
+
+
+def tts_method(name: str) -> str:
+    return f"/{pb.DESCRIPTOR.package}.TextToSpeech/{name}"
+
+
+# Calls that send NOT_PROTOBUF where a request message belongs (no serializer: the bytes go as they are), each
+# with the type that message should have. Health and reflection stand for handlers that are not the servicer's.
+MALFORMED_CALLS: dict[str, tuple[Callable[[grpc.Channel], object], str]] = {
+    "ListVoices": (lambda channel: channel.unary_unary(tts_method("ListVoices"), request_serializer=None)(
+        NOT_PROTOBUF, timeout=10), "qwen3_tts.v1.ListVoicesRequest"),
+    "Synthesize": (lambda channel: channel.unary_unary(tts_method("Synthesize"), request_serializer=None)(
+        NOT_PROTOBUF, timeout=10), "qwen3_tts.v1.SynthesizeRequest"),
+    "SynthesizeOnline": (lambda channel: list(channel.unary_stream(tts_method("SynthesizeOnline"),
+                                                                   request_serializer=None)(NOT_PROTOBUF, timeout=10)),
+                         "qwen3_tts.v1.SynthesizeRequest"),
+    "StreamingSynthesize, first message": (
+        lambda channel: list(channel.stream_stream(tts_method("StreamingSynthesize"), request_serializer=None)(
+            iter([NOT_PROTOBUF]), timeout=10)), "qwen3_tts.v1.StreamingSynthesizeRequest"),
+    "StreamingSynthesize, after the config": (
+        lambda channel: list(channel.stream_stream(tts_method("StreamingSynthesize"), request_serializer=None)(
+            iter([streaming_config(RYAN).SerializeToString(), text("Hello ").SerializeToString(), NOT_PROTOBUF]),
+            timeout=10)), "qwen3_tts.v1.StreamingSynthesizeRequest"),
+    "health Check": (lambda channel: channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=None)(
+        NOT_PROTOBUF, timeout=10), "grpc.health.v1.HealthCheckRequest"),
+    "health Watch": (lambda channel: list(channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                                               request_serializer=None)(NOT_PROTOBUF, timeout=10)),
+                     "grpc.health.v1.HealthCheckRequest"),
+    "reflection": (lambda channel: list(channel.stream_stream(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", request_serializer=None)(
+        iter([NOT_PROTOBUF]), timeout=10)), "grpc.reflection.v1alpha.ServerReflectionRequest"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED_CALLS, ids=list(MALFORMED_CALLS))
+def test_a_message_whose_bytes_are_not_protobuf_gets_invalid_argument_naming_its_type(client: TtsClient,
+                                                                                     case: str) -> None:
+    call, message_type = MALFORMED_CALLS[case]
+    with pytest.raises(grpc.RpcError) as caught:
+        call(client.channel)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert caught.value.details() == f"request: the bytes are not a valid {message_type} message"
+    assert_still_serving(client)
+
+
+def test_unreadable_reference_audio_is_refused_with_libsndfiles_reason_and_no_object_repr(
+        base_client: TtsClient) -> None:
+    voice = Voice(reference_audio=b"this is not audio", reference_text="Hello.")
+    with pytest.raises(grpc.RpcError) as caught:
+        base_client.synthesize("Hi.", voice, generation=GREEDY)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    details = caught.value.details()
+    prefix = "voice.reference_audio: reference audio is not audio in a readable format: "
+    assert details.startswith(prefix) and details != prefix, details
+    assert not PYTHON_INTERNALS.search(details), details
 
 
 def test_a_request_failing_inside_the_engine_gets_internal_and_the_server_goes_on(

@@ -1,9 +1,14 @@
-"""Start-up and shutdown: health follows the engine, draining refuses new calls and lets running ones finish."""
+"""Start-up and shutdown: health follows the engine, draining refuses new calls and lets running ones finish, and
+a server refuses to start on a port that another one holds."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,13 +16,17 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients.qwen3_tts_client import TtsClient
+from clients.qwen3_tts_client import Connection, Generation, TtsClient
 from qwen3_tts.v1.protocol import SERVICE_NAME
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server, wait_until
+from tests.service.processes import ROOT, ServerProcess, free_port, server_process
 from tts_service.model.checkpoint import LoadedModel
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# The random model never stops on its own: a short limit keeps a call short.
+TWO_FRAMES = Generation(temperature=0.0, max_audio_seconds=0.16)
+SECOND_SERVER_TIMEOUT_S = 120.0
 
 
 def health(client: TtsClient, service: str = "") -> int:
@@ -84,3 +93,42 @@ def test_shutdown_cancels_calls_still_running_after_the_drain_timeout_and_stops_
     finally:
         release.set()
     assert server.engine.num_live_requests == 0 and not server.engine.is_running
+
+
+@pytest.fixture(scope="module")
+def first_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, dict[str, int]]]:
+    """A serving server process with all three listeners, and its port for each flag."""
+    metrics_port, health_port = free_port(), free_port()
+    with server_process(tmp_path_factory.mktemp("first-server"), "--metrics-port", str(metrics_port),
+                        "--health-port", str(health_port)) as running:
+        port = int(running.target.rsplit(":", 1)[1])
+        yield running, {"--port": port, "--metrics-port": metrics_port, "--health-port": health_port}
+
+
+def run_second_server(ports: dict[str, int]) -> subprocess.CompletedProcess[str]:
+    """`python -m tts_service` on 127.0.0.1 with these ports, run until it exits."""
+    environment = {name: value for name, value in os.environ.items()
+                   if not name.startswith(("QWEN3_TTS_", "OTEL_"))}
+    flags = [str(part) for flag, port in ports.items() for part in (flag, port)]
+    command = [sys.executable, "-m", "tts_service", "--model", "random:tiny-custom_voice", "--device", "cpu",
+               "--host", "127.0.0.1", *flags]
+    return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True,
+                          timeout=SECOND_SERVER_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port", "--health-port"])
+def test_a_second_server_on_a_port_in_use_exits_naming_the_flag_and_the_first_keeps_serving(
+        first_server: tuple[ServerProcess, dict[str, int]], flag: str) -> None:
+    first, ports = first_server
+    busy = ports[flag]
+    second = run_second_server({"--port": free_port(), flag: busy})
+    assert second.returncode == 1, second.stderr[-4000:]
+    assert f"{flag} {busy}: cannot listen on 127.0.0.1:{busy}" in second.stderr
+    with TtsClient(Connection(target=first.target)) as client:
+        assert health(client) == SERVING
+        assert client.synthesize("Hello.", RYAN, generation=TWO_FRAMES).completion.usage.audio_frames == 2
+    with grpc.insecure_channel(f"127.0.0.1:{ports['--health-port']}") as channel:
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        assert status == SERVING
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports['--metrics-port']}/metrics", timeout=10) as response:
+        assert b"qwen3_tts_build_info" in response.read()

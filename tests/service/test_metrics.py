@@ -1,7 +1,11 @@
-"""Prometheus metrics of a real server on the tiny model: what a scrape shows after known traffic."""
+"""Prometheus metrics of a real server on the tiny model: what a scrape shows after known traffic, and the
+HTTP endpoint that serves them."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -9,21 +13,36 @@ from typing import Any
 
 import grpc
 import pytest
-from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from observability.metrics import LiveState, ServiceMetrics
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server, wait_until
+from tests.service.processes import free_port
 from tts_service.model.checkpoint import LoadedModel
+
+NUM_IDLE_CONNECTIONS = 200
 
 
 @pytest.fixture(scope="module")
 def metered(tiny_models: dict[str, LoadedModel]) -> Iterator[tuple[RunningServer, ServiceMetrics]]:
     metrics = ServiceMetrics("tiny", "custom_voice")
-    running = start_server(tiny_models["custom_voice"], with_engine=False)
+    running = start_server(tiny_models["custom_voice"], with_engine=False, metrics_port=free_port())
     running.attach_engine(metrics)
     yield running, metrics
     running.stop()
+
+
+def metrics_address(running: RunningServer) -> tuple[str, int]:
+    port = running.server.config.metrics_port
+    assert port is not None
+    return "127.0.0.1", port
+
+
+def scrape(running: RunningServer) -> str:
+    """The server's /metrics page, fetched over HTTP on a new connection."""
+    host, port = metrics_address(running)
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
 
 
 def samples(metrics: ServiceMetrics, text: str | None = None) -> dict[tuple[str, frozenset], float]:
@@ -96,16 +115,39 @@ def test_preemptions_are_a_counter_read_from_the_engine_when_scraped() -> None:
     assert value(samples(metrics), "qwen3_tts_preemptions_total") == 5
 
 
-def test_metrics_are_served_over_http(metered: tuple[RunningServer, ServiceMetrics]) -> None:
-    _, metrics = metered
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+def test_the_servers_metrics_port_serves_its_metrics_over_http(metered: tuple[RunningServer, ServiceMetrics]) -> None:
+    running, metrics = metered
+    assert value(samples(metrics, scrape(running)), "qwen3_tts_kv_blocks") > 0
+
+
+def test_idle_connections_to_the_metrics_port_start_no_threads(metered: tuple[RunningServer, ServiceMetrics]) -> None:
+    running, metrics = metered
+    scrape(running)  # anything the first scrape starts lazily is running before the count
+    num_threads = threading.active_count()
+    connections = [socket.create_connection(metrics_address(running), timeout=10)
+                   for _ in range(NUM_IDLE_CONNECTIONS)]
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as response:
-            text = response.read().decode()
+        # Accepted after every idle connection before it: by its answer, the server has accepted them all.
+        assert value(samples(metrics, scrape(running)), "qwen3_tts_kv_blocks") > 0
+        assert threading.active_count() == num_threads
     finally:
-        server.shutdown()
-        thread.join(timeout=5)
-    assert value(samples(metrics, text), "qwen3_tts_kv_blocks") > 0
+        for connection in connections:
+            connection.close()
+
+
+def test_the_metrics_port_answers_503_until_the_model_is_loaded_and_closes_at_shutdown(
+        tiny_models: dict[str, LoadedModel]) -> None:
+    running = start_server(tiny_models["custom_voice"], with_engine=False, metrics_port=free_port())
+    try:
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            scrape(running)
+        assert caught.value.code == 503
+        running.attach_engine(ServiceMetrics("tiny", "custom_voice"))
+        assert "qwen3_tts_kv_blocks" in scrape(running)
+    finally:
+        running.stop()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(metrics_address(running), timeout=10)
 
 
 def requests_by_status_and_finish_reason(metrics: ServiceMetrics) -> Counter[tuple[str, str]]:

@@ -20,6 +20,9 @@ from clients.qwen3_tts_client import AudioFormat, TtsClient
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server
 from tts_service.model.checkpoint import LoadedModel
 
+# Whole-text calls on a CustomVoice model default to non-streaming text (as qwen-tts); these ask for streaming.
+STREAMING_GREEDY = replace(GREEDY, non_streaming_text=False)
+
 TEXT = "Hello there, friend."
 TEXT_EMBEDDING_SCALE = 1000.0
 
@@ -53,9 +56,18 @@ def differs(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape != b.shape or bool(np.abs(a - b).max() > 2)
 
 
+def test_a_whole_text_call_defaults_to_non_streaming_text_as_qwen_tts_does_for_custom_voice(
+        text_client: TtsClient) -> None:
+    default = text_client.synthesize(TEXT, RYAN, AudioFormat("pcm16"), GREEDY)
+    non_streaming = text_client.synthesize(TEXT, RYAN, AudioFormat("pcm16"), replace(GREEDY, non_streaming_text=True))
+    streaming = text_client.synthesize(TEXT, RYAN, AudioFormat("pcm16"), STREAMING_GREEDY)
+    assert not differs(pcm16(default.audio), pcm16(non_streaming.audio))
+    assert differs(pcm16(default.audio), pcm16(streaming.audio))
+
+
 def test_the_text_decides_the_audio_of_this_modules_model(text_client: TtsClient) -> None:
-    one = text_client.synthesize(TEXT, RYAN, AudioFormat("pcm16"), GREEDY)
-    other = text_client.synthesize("Goodbye now, enemies!", RYAN, AudioFormat("pcm16"), GREEDY)
+    one = text_client.synthesize(TEXT, RYAN, AudioFormat("pcm16"), STREAMING_GREEDY)
+    other = text_client.synthesize("Goodbye now, enemies!", RYAN, AudioFormat("pcm16"), STREAMING_GREEDY)
     assert differs(pcm16(one.audio), pcm16(other.audio))
 
 
@@ -66,7 +78,8 @@ def test_the_text_decides_the_audio_of_this_modules_model(text_client: TtsClient
 ], ids=["inside-words", "one-character-each", "whole"])
 def test_text_streamed_in_fragments_gives_the_audio_of_the_whole_text(text_client: TtsClient,
                                                                       fragments: list[str]) -> None:
-    whole = text_client.synthesize(TEXT, RYAN, AudioFormat("pcm16"), GREEDY)
+    # A whole text in streaming mode: what text streamed in fragments must give, split anywhere.
+    whole = text_client.synthesize(TEXT, RYAN, AudioFormat("pcm16"), STREAMING_GREEDY)
     responses = list(text_client.streaming_synthesize(fragments, RYAN, AudioFormat("pcm16"), GREEDY))
     completion = responses[-1].completion
     assert completion.usage.audio_frames == whole.completion.usage.audio_frames

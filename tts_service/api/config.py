@@ -32,6 +32,20 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class InputLimits:
+    """The one table of how long each request field may be. The API refuses a longer value before doing any
+    work with it, naming the field and the limit."""
+
+    text_chars: int
+    instruction_chars: int
+    reference_text_chars: int
+    reference_audio_bytes: int
+    # Built-in speaker names and language names are short words: anything longer is no name.
+    speaker_chars: int = 64
+    language_chars: int = 32
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     model: str = DEFAULT_MODEL
     device: str = "auto"  # "auto": CUDA when available, else the CPU
@@ -41,13 +55,18 @@ class ServerConfig:
     # grpc.health.v1 alone, in plaintext, on this port: for probes that cannot speak TLS (the kubelet's).
     health_port: int | None = None
     # The engine's settings keep the engine's defaults (EngineConfig), under the names of their flags.
-    max_text_chars: int = _ENGINE.max_text_chars
+    max_text_chars: int = _ENGINE.max_text_chars  # of text, and of an instruction
+    max_reference_text_chars: int = _ENGINE.max_reference_text_chars  # an in-context clone's transcript
     max_concurrent: int = _ENGINE.max_running  # requests generating at once (the engine's slots and batch)
     max_waiting: int = _ENGINE.max_waiting  # queued requests before RESOURCE_EXHAUSTED
     max_message_bytes: int = 32 * 1024 * 1024
     max_reference_audio_seconds: float = _ENGINE.max_reference_audio_s
+    max_reference_audio_bytes: int = 24 * 1024 * 1024  # encoded; 60 s of 48 kHz stereo float WAV fit
     max_audio_seconds: float = _ENGINE.max_audio_s  # per request; also the default when a request sets none
-    max_stream_seconds: float = 600.0  # a StreamingSynthesize call's whole life
+    max_stream_seconds: float = 600.0  # a call's whole life, whatever its shape
+    # Speech calls one caller (API key, or peer address without keys) may have in progress.
+    max_calls_per_caller: int = _ENGINE.max_running
+    max_waiting_clones: int = 8  # calls whose reference audio is being decoded and encoded, or waits to be
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
     max_unread_audio_seconds: float = _ENGINE.max_unread_audio_s
@@ -68,7 +87,8 @@ class ServerConfig:
             _require(port is None or 0 < port <= 65535, name, f"must be 1-65535, got {port}")
         _require(self.health_port is None or self.health_port not in (self.port, self.metrics_port), "health_port",
                  "must differ from --port and --metrics-port")
-        for name in ("max_text_chars", "max_concurrent", "max_waiting", "max_message_bytes"):
+        for name in ("max_text_chars", "max_reference_text_chars", "max_concurrent", "max_waiting",
+                     "max_message_bytes", "max_reference_audio_bytes", "max_calls_per_caller", "max_waiting_clones"):
             _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         if self.kv_blocks is not None:
             _require(self.kv_blocks >= 1, "kv_blocks", f"must be >= 1, got {self.kv_blocks}")
@@ -90,6 +110,12 @@ class ServerConfig:
                  "keys must be non-empty and carry no surrounding whitespace")
 
     @property
+    def input_limits(self) -> InputLimits:
+        return InputLimits(text_chars=self.max_text_chars, instruction_chars=self.max_text_chars,
+                           reference_text_chars=self.max_reference_text_chars,
+                           reference_audio_bytes=min(self.max_reference_audio_bytes, self.max_message_bytes))
+
+    @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
@@ -105,7 +131,8 @@ class ServerConfig:
     def engine_config(self) -> EngineConfig:
         """The engine under these limits; what no flag sets keeps the engine's default."""
         return EngineConfig(max_running=self.max_concurrent, max_waiting=self.max_waiting,
-                            max_text_chars=self.max_text_chars, max_audio_s=self.max_audio_seconds,
+                            max_text_chars=self.max_text_chars, max_reference_text_chars=self.max_reference_text_chars,
+                            max_audio_s=self.max_audio_seconds,
                             max_reference_audio_s=self.max_reference_audio_seconds,
                             max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks)
 
@@ -146,13 +173,19 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("metrics-port", int, "port for Prometheus metrics over HTTP (/metrics); unset: none")
     add("health-port", int, "port serving only grpc.health.v1 in plaintext, for probes that cannot use TLS; "
                             "unset: none (health is always served on --port too)")
-    add("max-text-chars", int, "most characters of text per request")
+    add("max-text-chars", int, "most characters of text per request (and of an instruction)")
+    add("max-reference-text-chars", int, "most characters of a voice clone's reference transcript")
     add("max-concurrent", int, "requests generating at once")
     add("max-waiting", int, "queued requests beyond which new ones get RESOURCE_EXHAUSTED")
     add("max-message-bytes", int, "largest request message accepted")
     add("max-reference-audio-seconds", float, "longest voice-cloning reference recording")
+    add("max-reference-audio-bytes", int, "largest voice-cloning reference recording, encoded")
     add("max-audio-seconds", float, "longest audio one request may generate (and the default)")
-    add("max-stream-seconds", float, "longest StreamingSynthesize call")
+    add("max-stream-seconds", float, "longest call of any shape (a stalled reader's or a trickling stream's too)")
+    add("max-calls-per-caller", int, "speech calls one caller (API key; without keys, peer address) may have in "
+                                     "progress")
+    add("max-waiting-clones", int, "voice-clone encodings in progress or waiting, beyond which calls with "
+                                   "reference audio get RESOURCE_EXHAUSTED")
     add("stream-idle-timeout-seconds", float, "longest wait for the next text of a StreamingSynthesize call")
     add("max-unread-audio-seconds", float, "audio a streaming reader may leave unread before its request pauses")
     add("kv-blocks", int, "KV cache size in blocks (default: from free GPU memory)")

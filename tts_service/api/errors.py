@@ -88,6 +88,7 @@ async def answering_errors(context: grpc.aio.ServicerContext) -> AsyncIterator[N
     try:
         try:
             yield
+            return
         except (grpc.aio.AbortError, grpc.aio.InternalError):
             raise
         except Exception as error:  # every failure of one call ends that call only
@@ -99,7 +100,12 @@ async def answering_errors(context: grpc.aio.ServicerContext) -> AsyncIterator[N
                 logger.error("failed: %s", error)
             else:
                 logger.info("answered %s: %s", api_error.code.name, api_error.message)
-            await abort_with(context, api_error)
+            # The caught error's traceback holds the handler's frames, and the request in them (up to megabytes):
+            # dropped, and the call ended with a fresh error outside this block, so that no reference cycle keeps
+            # them until a full garbage collection.
+            error.__traceback__ = None
+            api_error = ApiError(api_error.code, api_error.message, api_error.retry_after_s)
+        await abort_with(context, api_error)
     except grpc.aio.InternalError as error:
         logger.info("the call ended before it could be answered: %s", error)
         raise asyncio.CancelledError from error

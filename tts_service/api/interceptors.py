@@ -1,26 +1,33 @@
-"""Server interceptors: API keys (all calls but health checks); admission (UNAVAILABLE while loading or draining)."""
+"""Server interceptors: API keys (all calls but health checks); admission (UNAVAILABLE while loading or draining);
+request parsing (INVALID_ARGUMENT for a message whose bytes do not parse)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+import functools
 import hmac
-from collections.abc import Awaitable, Callable, Iterable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pool
+from google.protobuf.message import DecodeError
 
 from qwen3_tts.v1.protocol import SERVICE_NAME
+from tts_service.api.errors import ApiError, abort_with, invalid
 
 _HEALTH_SERVICE_PREFIX = "/grpc.health.v1.Health/"
+MAX_BYTES_PARSED_ON_LOOP = 64 * 1024
 _TTS_METHOD_PREFIX = f"/{SERVICE_NAME}/"
 
 
 
-def refusing_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as `handler` that ends every call at once with `code`."""
-
-    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, message)
-
+def _same_kind(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any],
+               request_deserializer: Callable[[bytes], Any] | None) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as `handler` (unary or streaming, each way) that runs `behavior`."""
     if handler.unary_unary:
         build = grpc.unary_unary_rpc_method_handler
     elif handler.unary_stream:
@@ -29,8 +36,104 @@ def refusing_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, mess
         build = grpc.stream_unary_rpc_method_handler
     else:
         build = grpc.stream_stream_rpc_method_handler
-    return build(refuse, request_deserializer=handler.request_deserializer,
-                 response_serializer=handler.response_serializer)
+    return build(behavior, request_deserializer=request_deserializer, response_serializer=handler.response_serializer)
+
+
+def refusing_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as `handler` that ends every call at once with `code`."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(code, message)
+
+    return _same_kind(handler, refuse, handler.request_deserializer)
+
+
+@functools.cache
+def _request_type(method: str) -> str:
+    """The full name of the request message of `method` ("/package.Service/Method")."""
+    try:
+        return descriptor_pool.Default().FindMethodByName(method.lstrip("/").replace("/", ".")).input_type.full_name
+    except KeyError:  # a service whose descriptors are not in the default pool: its method names the request
+        return f"{method} request"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ending:
+    """How a call ends, kept without the exception that said so (and the frames its traceback holds)."""
+
+    error: ApiError | None  # None: the call was already aborted, its status set
+
+    @classmethod
+    def of(cls, error: ApiError | grpc.aio.AbortError) -> Ending:
+        # The context managers the error passed through keep it in their frames, which its traceback holds:
+        # a cycle that would keep the request alive until a full garbage collection.
+        error.__traceback__ = None
+        if isinstance(error, ApiError):
+            return cls(ApiError(error.code, error.message, error.retry_after_s))
+        return cls(None)
+
+    async def end(self, context: grpc.aio.ServicerContext) -> None:
+        if self.error is not None:
+            await abort_with(context, self.error)
+        raise grpc.aio.AbortError()
+
+
+def parsing_handler(handler: grpc.RpcMethodHandler, request_type: str) -> grpc.RpcMethodHandler:
+    """`handler` taking its request's bytes and parsing them itself, so that bytes that are not a
+    `request_type` end the call with INVALID_ARGUMENT. Its behaviour is a coroutine or an async generator
+    function, as grpc.aio's are."""
+    parse = handler.request_deserializer
+    behavior = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+
+    def parse_checked(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError:
+            raise invalid("request", f"the bytes are not a valid {request_type} message") from None
+
+    async def parsed(data: bytes) -> Any:
+        # A large message (reference audio, or an oversized field) is parsed in a worker thread: tens of
+        # megabytes parsed on the event loop would stall every other call, health checks included.
+        if len(data) <= MAX_BYTES_PARSED_ON_LOOP:
+            return parse_checked(data)
+        return await asyncio.to_thread(parse_checked, data)
+
+    async def parsed_stream(messages: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+        async for data in messages:
+            yield await parsed(data)
+    # A streamed message that does not parse raises where the handler reads it: the servicer's handlers
+    # answer that ApiError themselves; another service's handler lets it through, to be answered here.
+    #
+    # An exception that ends a call is not let out of here as it is: its traceback holds the handler's frames,
+    # and in them the request (up to tens of megabytes), and grpc keeps it in a reference cycle until a garbage
+    # collection. So the call ends with a fresh exception, raised outside the handler's frames.
+    if inspect.isasyncgenfunction(behavior):
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            ending: Ending | None = None
+            try:
+                requests = parsed_stream(request) if handler.request_streaming else await parsed(request)
+                async with contextlib.aclosing(behavior(requests, context)) as responses:
+                    async for response in responses:
+                        yield response
+            except (ApiError, grpc.aio.AbortError) as error:
+                ending = Ending.of(error)
+            if ending is not None:
+                request = requests = None  # this frame is in the ending's traceback: let the request go
+                await ending.end(context)
+
+        return _same_kind(handler, stream, None)
+
+    async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        ending: Ending | None = None
+        try:
+            requests = parsed_stream(request) if handler.request_streaming else await parsed(request)
+            return await behavior(requests, context)
+        except (ApiError, grpc.aio.AbortError) as error:
+            ending = Ending.of(error)
+        request = requests = None  # this frame is in the ending's traceback: let the request go
+        await ending.end(context)
+
+    return _same_kind(handler, answer, None)
 
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
@@ -87,3 +190,20 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         if not self._state.is_ready:
             return refusing_handler(handler, grpc.StatusCode.UNAVAILABLE, "the server is still loading; retry")
         return handler
+
+
+class RequestParsingInterceptor(grpc.aio.ServerInterceptor):
+    """A request message whose bytes do not parse ends its call with INVALID_ARGUMENT naming the message type.
+
+    grpc.aio parses a unary request before the handler runs and answers a failure UNKNOWN, with the
+    parser's exception class in the status message; a streamed message's failure reaches the handler as
+    an unexpected error. So handlers get the bytes and parse them themselves (`parsing_handler`). Put it
+    last among the interceptors: those before it then refuse calls without parsing them.
+    """
+
+    async def intercept_service(self, continuation: Continuation,
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        return parsing_handler(handler, _request_type(details.method))

@@ -4,7 +4,7 @@ The server listens before the model has loaded, so health checks answer NOT_SERV
 calls UNAVAILABLE) during a load that can take minutes; it turns SERVING once the engine runs and
 one short warm-up synthesis has gone through it.
 SIGTERM or SIGINT drains it: NOT_SERVING, new calls refused, running calls given the drain
-timeout to finish, then the engine stops.
+timeout to finish, then the engine stops. A port already in use ends it at once, with exit status 1.
 """
 
 from __future__ import annotations
@@ -79,20 +79,16 @@ def in_daemon_thread(function: Callable[[], T]) -> asyncio.Future[T]:
     return future
 
 
-def start_metrics(config: ServerConfig, model: ModelInfo) -> ServiceMetrics | None:
-    """The metrics, served over HTTP on the metrics port; None when no port is configured."""
+def create_metrics(config: ServerConfig, model: ModelInfo) -> ServiceMetrics | None:
+    """The metrics of `model`, which the server serves on the metrics port; None when no port is configured."""
     if config.metrics_port is None:
         return None
-    from prometheus_client import start_http_server
-
     from observability.metrics import ServiceMetrics, mode_label
 
     mode = mode_label(model.model_type)
     metrics = ServiceMetrics(model.source, mode)
     metrics.build_info.info({"version": package_version(), "model": model.source, "mode": mode,
                              "dtype": model.dtype, "device": model.device})
-    start_http_server(config.metrics_port, addr=config.bare_host, registry=metrics.registry)
-    logger.info("metrics on http://%s:%d/metrics", config.host, config.metrics_port)
     return metrics
 
 
@@ -111,9 +107,13 @@ async def serve(config: ServerConfig) -> int:
     from tts_service.api.server import TtsServer
     from tts_service.engine import CheckpointError, RequestFailed
 
-    server = TtsServer(config)
+    try:
+        server = TtsServer(config)
+        await server.start()
+    except OSError as error:  # a port in use: serving beside its owner would take a share of its connections
+        logger.error("%s", error)
+        return 1
     tracer: CallTracer | None = None
-    await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -133,7 +133,7 @@ async def serve(config: ServerConfig) -> int:
             logger.error("the warm-up synthesis failed: %s", error)
             return 1
         tracer = start_tracing(config, engine.model_info)
-        await server.serve(engine, start_metrics(config, engine.model_info), tracer)
+        await server.serve(engine, create_metrics(config, engine.model_info), tracer)
         await stop.wait()
         logger.info("shutdown requested")
         return 0

@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 
 from qwen3_tts.v1.protocol import tts_pb2
-from tts_service.api.config import ServerConfig
+from tts_service.api.config import InputLimits, ServerConfig
 from tts_service.api.errors import ApiError, invalid
 from tts_service.audio.output import (
     MODEL_SAMPLE_RATE,
@@ -51,32 +51,46 @@ def output_format(message: Any) -> OutputFormat:
     return OutputFormat(encoding, message.sample_rate or MODEL_SAMPLE_RATE)
 
 
-def generation_params(message: Any, config: ServerConfig, frame_rate_hz: float) -> GenerationParams:
-    """GenerationConfig -> GenerationParams; unset fields keep the model's defaults."""
-    defaults = GenerationParams()
-    sampling = defaults.talker
+def generation_params(message: Any, config: ServerConfig, model: ModelInfo) -> GenerationParams:
+    """GenerationConfig -> GenerationParams; unset fields keep the model's defaults (a set sampling field applies
+    to both the talker and the code predictor)."""
+    defaults = model.default_params
     max_seconds = message.max_audio_seconds if message.HasField("max_audio_seconds") else config.max_audio_seconds
     if not 0 < max_seconds <= config.max_audio_seconds:
         raise invalid("generation.max_audio_seconds",
                       f"must be in (0, {config.max_audio_seconds:g}], got {max_seconds}")
+    def sampling(default: SamplingParams) -> SamplingParams:
+        return SamplingParams(
+            temperature=message.temperature if message.HasField("temperature") else default.temperature,
+            top_k=message.top_k if message.HasField("top_k") else default.top_k,
+            top_p=message.top_p if message.HasField("top_p") else default.top_p)
+
     try:
-        sampling = SamplingParams(
-            temperature=message.temperature if message.HasField("temperature") else sampling.temperature,
-            top_k=message.top_k if message.HasField("top_k") else sampling.top_k,
-            top_p=message.top_p if message.HasField("top_p") else sampling.top_p)
         return GenerationParams(
-            talker=sampling, predictor=sampling,
+            talker=sampling(defaults.talker), predictor=sampling(defaults.predictor),
             repetition_penalty=(message.repetition_penalty if message.HasField("repetition_penalty")
                                 else defaults.repetition_penalty),
-            max_new_frames=max(1, round(max_seconds * frame_rate_hz)),
+            max_new_frames=max(1, round(max_seconds * model.frame_rate_hz)),
             seed=message.seed if message.HasField("seed") else defaults.seed)
     except ValueError as error:  # their messages start with the parameter's name
         raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, f"generation.{error}") from None
 
 
-def check_text_length(text: str, field: str, config: ServerConfig) -> None:
-    if len(text) > config.max_text_chars:
-        raise invalid(field, f"is {len(text)} characters long; at most {config.max_text_chars} are accepted")
+def check_input_limits(text: str, voice: Any, limits: InputLimits) -> None:
+    """Refuse any field longer than its limit before any work is done with it; the value is never echoed."""
+    for field, value, limit, unit in (
+            ("text", text, limits.text_chars, "characters"),
+            ("voice.instruction", voice.instruction, limits.instruction_chars, "characters"),
+            ("voice.reference_text", voice.reference_text, limits.reference_text_chars, "characters"),
+            ("voice.speaker", voice.speaker, limits.speaker_chars, "characters"),
+            ("voice.language", voice.language, limits.language_chars, "characters"),
+            ("voice.reference_audio", voice.reference_audio, limits.reference_audio_bytes, "bytes")):
+        if len(value) > limit:
+            raise invalid(field, f"is {len(value)} {unit} long; at most {limit} are accepted")
+
+
+def non_streaming_text(generation: Any, default: bool) -> bool:
+    return generation.non_streaming_text if generation.HasField("non_streaming_text") else default
 
 
 def synthesis_input(text: str, voice: Any, clone: VoiceClone | None, non_streaming_text: bool) -> SynthesisInput:

@@ -19,39 +19,50 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client.exposition import choose_encoder
 
 from observability.calls import CallRecord, CallResult
 from observability.logs import bind_call
 from observability.metrics import LiveState, ServiceMetrics
 from observability.tracing import CallTracer, trace_id_of
 from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
+from tts_service.api.callers import caller_of
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, answering_errors
-from tts_service.api.interceptors import AdmissionInterceptor, ApiKeyInterceptor, ServingState
+from tts_service.api.interceptors import (
+    AdmissionInterceptor,
+    ApiKeyInterceptor,
+    RequestParsingInterceptor,
+    ServingState,
+)
 from tts_service.api.messages import (
     ENCODING_NUMBERS,
     ChunkEncoder,
     check_clone_request,
-    check_text_length,
+    check_input_limits,
     completion,
     decode_reference,
     generation_params,
+    non_streaming_text,
     output_format,
     output_formats,
     run_encoder,
     synthesis_input,
 )
-from tts_service.api.text_call import TextCall, first_config
+from tts_service.api.text_call import TextCall, call_too_long_error, first_config
 from tts_service.audio.output import (
     OutputFormat,
     encode_whole,
@@ -59,6 +70,7 @@ from tts_service.audio.output import (
 from tts_service.audio.reference import AudioLimits
 from tts_service.engine import (
     Engine,
+    FinishReason,
     GenerationParams,
     ModelInfo,
     RequestFailed,
@@ -73,6 +85,8 @@ logger = logging.getLogger(__name__)
 
 pb: Any = tts_pb2
 REQUEST_ID_HEADER = "x-request-id"
+# How long past the server's call limit a call may stay open (only one whose writes are stuck does).
+_STUCK_CALL_GRACE_S = 5.0
 _MODEL_MODES = {
     "custom_voice": pb.MODEL_MODE_CUSTOM_VOICE, "voice_design": pb.MODEL_MODE_VOICE_DESIGN,
     "base": pb.MODEL_MODE_VOICE_CLONE,
@@ -83,21 +97,33 @@ _MODEL_MODES = {
 
 
 class CallTracker:
-    """Counts the calls in progress, so that draining can wait for them."""
+    """Counts the calls in progress, in all (so that draining can wait for them) and by caller (so that one
+    caller cannot take every place: beyond `max_calls_per_caller` its calls get RESOURCE_EXHAUSTED)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_calls_per_caller: int | None = None) -> None:
         self.num_active = 0
+        self._max_calls_per_caller = max_calls_per_caller
+        self._num_by_caller: Counter[str] = Counter()
         self._idle = asyncio.Event()
         self._idle.set()
 
     @contextlib.asynccontextmanager
-    async def track(self) -> AsyncIterator[None]:
+    async def track(self, caller: str = "") -> AsyncIterator[None]:
+        limit = self._max_calls_per_caller
+        if limit is not None and self._num_by_caller[caller] >= limit:
+            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"this caller already has {limit} calls in progress, the most one caller may have "
+                           "(--max-calls-per-caller); retry when one has ended")
         self.num_active += 1
+        self._num_by_caller[caller] += 1
         self._idle.clear()
         try:
             yield
         finally:
             self.num_active -= 1
+            self._num_by_caller[caller] -= 1
+            if not self._num_by_caller[caller]:
+                del self._num_by_caller[caller]
             if self.num_active == 0:
                 self._idle.set()
 
@@ -125,6 +151,9 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         self._reference_limits = AudioLimits(max_seconds=config.max_reference_audio_seconds)
         # One reference recording decoded at a time: decoding is heavy and must stay off the event loop.
         self._decode_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-reference-audio")
+        self._num_clones_in_progress = 0
+        self._expired_ids: set[str] = set()
+        self._limited_by_server: set[str] = set()  # calls whose request ends at the server's limit, not the client's
 
     def close(self) -> None:
         self._decode_executor.shutdown(wait=False, cancel_futures=True)
@@ -134,13 +163,26 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         """A speech call's frame: request id (also sent as a header), drain tracking, observation, errors as
         statuses."""
         record = CallRecord(rpc, uuid.uuid4().hex)
-        async with self.calls.track(), self._observed(record, context), answering_errors(context):
-            await context.send_initial_metadata(((REQUEST_ID_HEADER, record.request_id),))
-            try:
-                yield record
-            except RequestFailed as error:  # the engine's summary says how far the request got
-                self._finish_record(record, error.summary)
-                raise
+        caller = caller_of(context, uses_keys=bool(self.config.api_keys))
+        # The engine ends the request at the limit; this ends a call stuck writing to a client that reads nothing.
+        expiry = asyncio.get_running_loop().call_later(self.config.max_stream_seconds + _STUCK_CALL_GRACE_S,
+                                                       self._expire, record, asyncio.current_task())
+        try:
+            async with self._observed(record, context), answering_errors(context), self.calls.track(caller):
+                await context.send_initial_metadata(((REQUEST_ID_HEADER, record.request_id),))
+                try:
+                    yield record
+                except RequestFailed as error:  # the engine's summary says how far the request got
+                    self._finish_record(record, error.summary)
+                    raise
+        finally:
+            expiry.cancel()
+
+    def _expire(self, record: CallRecord, task: asyncio.Task[Any] | None) -> None:
+        logger.warning("ending a call still open %g s after the server's limit", _STUCK_CALL_GRACE_S)
+        self._expired_ids.add(record.request_id)
+        if task is not None:
+            task.cancel()
 
     @contextlib.asynccontextmanager
     async def _observed(self, record: CallRecord, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -156,11 +198,15 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             status = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
             raise
         except (asyncio.CancelledError, GeneratorExit):
-            # The call ended under the handler: the client went away, or its deadline passed.
+            # The call ended under the handler: the client went away, its deadline passed, or the server's limit.
             remaining_s = context.time_remaining()
-            status = "DEADLINE_EXCEEDED" if remaining_s is not None and remaining_s <= 0 else "CANCELLED"
+            is_past_deadline = remaining_s is not None and remaining_s <= 0
+            is_past_limit = record.request_id in self._expired_ids
+            status = "DEADLINE_EXCEEDED" if is_past_deadline or is_past_limit else "CANCELLED"
             raise
         finally:
+            self._expired_ids.discard(record.request_id)
+            self._limited_by_server.discard(record.request_id)
             if self.metrics is not None:
                 self.metrics.observe_call(record, status)
             if tracer is not None and span is not None:
@@ -187,6 +233,9 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         limits = pb.Limits(max_text_chars=config.max_text_chars, max_audio_seconds=config.max_audio_seconds,
                            max_reference_audio_seconds=config.max_reference_audio_seconds,
                            max_message_bytes=config.max_message_bytes,
+                           max_reference_text_chars=config.max_reference_text_chars,
+                           max_reference_audio_bytes=config.input_limits.reference_audio_bytes,
+                           max_calls_per_caller=config.max_calls_per_caller,
                            stream_idle_timeout_seconds=config.stream_idle_timeout_seconds,
                            max_stream_seconds=config.max_stream_seconds)
         return pb.ListVoicesResponse(
@@ -203,11 +252,14 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             engine = self._engine()
             prepared = await self._prepare(record, request.text, request.voice, request.generation,
                                            request.audio_format)
-            stream = self._submit(engine, prepared, record, context, is_text_open=False)
+            stream = await self._submit(engine, prepared, record, context, is_text_open=False,
+                                        max_seconds=self.config.max_stream_seconds)
             try:
                 waveform, summary = await stream.collect()
             finally:
                 engine.abort(record.request_id)
+            if summary.finish_reason is FinishReason.ABORTED:
+                raise self._deadline_error(record)
             audio = await asyncio.to_thread(encode_whole, waveform, prepared.output)
             self._finish_record(record, summary)
             self._log_done(summary)
@@ -223,10 +275,13 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             engine = self._engine()
             prepared = await self._prepare(record, request.text, request.voice, request.generation,
                                            request.audio_format)
-            stream = self._submit(engine, prepared, record, context, is_text_open=False)
+            stream = await self._submit(engine, prepared, record, context, is_text_open=False,
+                                        max_seconds=self.config.max_stream_seconds)
             try:
                 async for message in self._audio_messages(stream, prepared.output, pb.SynthesizeOnlineResponse,
                                                           record):
+                    if message.HasField("completion") and message.completion.finish_reason == pb.FINISH_REASON_ABORTED:
+                        raise self._deadline_error(record)
                     yield message
             finally:
                 engine.abort(record.request_id)
@@ -260,7 +315,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             started = time.monotonic()
             config = await first_config(request_iterator, self.config)
             prepared = await self._prepare(record, "", config.voice, config.generation, config.audio_format)
-            stream = self._submit(engine, prepared, record, context, is_text_open=True,
+            stream = await self._submit(engine, prepared, record, context, is_text_open=True,
                                   max_seconds=self.config.max_stream_seconds)
             call = TextCall(self.config, engine, record, started)
             audio = self._audio_messages(stream, prepared.output, pb.StreamingSynthesizeResponse, record)
@@ -274,34 +329,53 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         """Check the request (the engine checks the voice at submit) and clone its voice, if any."""
         engine = self._engine()
         output = output_format(audio_format)
-        params = generation_params(generation, self.config, engine.model_info.frame_rate_hz)
-        check_text_length(text, "text", self.config)
-        check_text_length(voice.instruction, "voice.instruction", self.config)
+        params = generation_params(generation, self.config, engine.model_info)
+        check_input_limits(text, voice, self.config.input_limits)
         record.num_text_chars = len(text)
         clone = await self._clone(engine, voice, record) if voice.reference_audio else None
-        return PreparedRequest(record.request_id, synthesis_input(text, voice, clone, generation.non_streaming_text),
+        # Whole-text calls default as qwen-tts does for the model; streamed text keeps streaming.
+        is_whole_text = record.rpc != "StreamingSynthesize"
+        default = engine.model_info.default_non_streaming_text if is_whole_text else False
+        return PreparedRequest(record.request_id,
+                               synthesis_input(text, voice, clone, non_streaming_text(generation, default)),
                                params, output)
 
     async def _clone(self, engine: Engine, voice: Any, record: CallRecord) -> VoiceClone:
         check_clone_request(voice, engine.model_info)
+        if self._num_clones_in_progress >= self.config.max_waiting_clones:
+            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"{self._num_clones_in_progress} voice clones are already being encoded, the most the "
+                           "server queues (--max-waiting-clones); retry shortly")
+        self._num_clones_in_progress += 1
         started = time.monotonic()
         try:
             wav = await asyncio.get_running_loop().run_in_executor(self._decode_executor, decode_reference, voice,
                                                                    self._reference_limits)
             return await engine.clone_voice(wav, voice.reference_text or None, voice.x_vector_only)
         finally:
+            self._num_clones_in_progress -= 1
             record.voice_clone = (started, time.monotonic())
 
-    def _submit(self, engine: Engine, prepared: PreparedRequest, record: CallRecord,
+    async def _submit(self, engine: Engine, prepared: PreparedRequest, record: CallRecord,
                 context: grpc.aio.ServicerContext, is_text_open: bool,
                 max_seconds: float | None = None) -> RequestStream:
         """Queue the request; its engine deadline is the call's deadline (or the stream's limit), if any."""
-        limits = [seconds for seconds in (context.time_remaining(), max_seconds) if seconds is not None]
+        remaining_s = context.time_remaining()
+        limits = [seconds for seconds in (remaining_s, max_seconds) if seconds is not None]
         deadline = engine.deadline_in(min(limits)) if limits else None
-        stream = engine.submit(SynthesisRequest(prepared.request_id, prepared.synthesis, prepared.params,
+        if max_seconds is not None and (remaining_s is None or max_seconds < remaining_s):
+            self._limited_by_server.add(prepared.request_id)
+        stream = await engine.submit(SynthesisRequest(prepared.request_id, prepared.synthesis, prepared.params,
                                                 is_text_open=is_text_open, deadline=deadline))
         record.is_submitted = True
         return stream
+
+    def _deadline_error(self, record: CallRecord) -> ApiError:
+        """Why a request whose call is still open was aborted: the server's limit, or the client's deadline, came
+        first (said even when the client's deadline passed only a moment ago, rather than ending with OK)."""
+        if record.request_id in self._limited_by_server:
+            return call_too_long_error(self.config)
+        return ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed before its audio was done")
 
     def _completion(self, summary: SynthesisSummary) -> Any:
         model = self._engine().model_info
@@ -347,13 +421,17 @@ class TtsServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.state = ServingState()
-        self.calls = CallTracker()
+        self.calls = CallTracker(config.max_calls_per_caller)
         self.health = health.aio.HealthServicer()
         self.service = TextToSpeechService(config, self.calls)
-        interceptors: list[grpc.aio.ServerInterceptor] = [AdmissionInterceptor(self.state)]
+        interceptors: list[grpc.aio.ServerInterceptor] = [AdmissionInterceptor(self.state), RequestParsingInterceptor()]
         if config.api_keys:
             interceptors.insert(0, ApiKeyInterceptor(config.api_keys))
+        # Without SO_REUSEPORT, which gRPC sets by default: with it, a second server binds a port already in use
+        # and silently takes a share of its new connections.
+        exclusive_port = ("grpc.so_reuseport", 0)
         self._server = grpc.aio.server(interceptors=interceptors, options=[
+            exclusive_port,
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", -1),
         ])
@@ -362,21 +440,56 @@ class TtsServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self._server)
-        credentials = server_credentials(config)
-        if credentials is None:
-            self.port = self._server.add_insecure_port(config.address)
-        else:
-            self.port = self._server.add_secure_port(config.address, credentials)
+
+        def listen(server: grpc.aio.Server, flag: str, port: int,
+                   credentials: grpc.ServerCredentials | None = None) -> int:
+            address = f"{config.host}:{port}"
+            try:
+                if credentials is None:
+                    return server.add_insecure_port(address)
+                return server.add_secure_port(address, credentials)
+            except RuntimeError:  # gRPC says only that binding failed; its own log line just before says why
+                raise OSError(f"{flag} {port}: cannot listen on {address}: the port is already in use, or the "
+                              f"host is not an address of this machine") from None
+
+        self.port = listen(self._server, "--port", config.port, server_credentials(config))
         # The kubelet's gRPC probes speak plaintext only: a TLS server can offer them health alone.
         self._health_server: grpc.aio.Server | None = None
         self.health_port: int | None = None
         if config.health_port is not None:
-            self._health_server = grpc.aio.server()
+            self._health_server = grpc.aio.server(interceptors=[RequestParsingInterceptor()], options=[exclusive_port])
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
-            self.health_port = self._health_server.add_insecure_port(f"{config.host}:{config.health_port}")
+            self.health_port = listen(self._health_server, "--health-port", config.health_port)
+        # /metrics is served on this event loop: an idle connection costs a coroutine, not a thread, and the
+        # gauges that read the engine are read on the engine's thread.
+        self._metrics_http: web.AppRunner | None = None
+        if config.metrics_port is not None:
+
+            async def scrape(request: web.Request) -> web.Response:
+                metrics = self.service.metrics
+                if metrics is None:  # its series carry the model's name, and the model is still loading
+                    return web.Response(status=503, text="no metrics yet: the model is still loading\n")
+                render, content_type = choose_encoder(request.headers.get("Accept", ""))
+                return web.Response(body=render(metrics.registry), headers={"Content-Type": content_type})
+
+            app = web.Application()
+            app.router.add_get("/metrics", scrape)
+            self._metrics_http = web.AppRunner(app, access_log=None)
 
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._metrics_http is not None:
+            await self._metrics_http.setup()
+            port = self.config.metrics_port
+            # aiohttp binds "::" to IPv6 alone; no host binds every interface of both families, as gRPC's [::] does.
+            host = None if self.config.bare_host == "::" else self.config.bare_host
+            try:
+                await web.TCPSite(self._metrics_http, host, port).start()
+            except OSError as error:
+                await self._metrics_http.cleanup()
+                reason = os.strerror(error.errno) if error.errno else str(error)
+                raise OSError(f"--metrics-port {port}: cannot listen on {self.config.host}:{port}: {reason}") from None
+            logger.info("metrics on http://%s:%d/metrics", self.config.host, port)
         await self._server.start()
         if self._health_server is not None:
             await self._health_server.start()
@@ -413,6 +526,8 @@ class TtsServer:
         await self._server.stop(grace=None)
         if self._health_server is not None:
             await self._health_server.stop(grace=None)
+        if self._metrics_http is not None:
+            await self._metrics_http.cleanup()
         engine = self.service.engine
         if engine is not None:
             await engine.stop()

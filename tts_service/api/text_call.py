@@ -47,9 +47,9 @@ def idle_error(config: ServerConfig) -> ApiError:
                     f"{config.stream_idle_timeout_seconds:g} s; send text more often or close the stream")
 
 
-def stream_too_long_error(config: ServerConfig) -> ApiError:
+def call_too_long_error(config: ServerConfig) -> ApiError:
     return ApiError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"the stream ran past the server's limit of {config.max_stream_seconds:g} s")
+                    f"the call ran past the server's limit of {config.max_stream_seconds:g} s (--max-stream-seconds)")
 
 
 class TextCall:
@@ -84,7 +84,7 @@ class TextCall:
         while True:
             remaining_s = config.max_stream_seconds - (time.monotonic() - self._started)
             if remaining_s <= 0:
-                raise stream_too_long_error(config)
+                raise call_too_long_error(config)
             timeout = min(config.stream_idle_timeout_seconds, remaining_s)
             try:
                 message = await asyncio.wait_for(anext(request_iterator), timeout)
@@ -92,7 +92,7 @@ class TextCall:
                 engine.close_text(request_id)
                 return
             except TimeoutError:
-                raise (idle_error(config) if timeout < remaining_s else stream_too_long_error(config)) from None
+                raise (idle_error(config) if timeout < remaining_s else call_too_long_error(config)) from None
             kind = message.WhichOneof("request")
             if kind == "text":
                 record.num_text_chars += len(message.text)
@@ -127,7 +127,7 @@ class TextCall:
                     message = next_audio.result()
                     if message.HasField("completion") and message.completion.finish_reason == pb.FINISH_REASON_ABORTED:
                         # Not the client (it would be gone) nor a protocol error (reported first): the time limit.
-                        raise stream_too_long_error(self._config)
+                        raise call_too_long_error(self._config)
                     yield message
                     if message.HasField("completion"):
                         return

@@ -53,7 +53,9 @@ def decode_audio_file(data: bytes, limits: AudioLimits = DEFAULT_LIMITS) -> np.n
             blocks = stream.blocks(blocksize=_BLOCK_FRAMES, dtype="float32", always_2d=True)
             mono = np.concatenate([_mixdown(block) for block in blocks] or [np.zeros(0, np.float32)])
     except (sf.SoundFileError, RuntimeError) as error:
-        raise ReferenceAudioError(f"reference audio is not audio in a readable format: {error}") from None
+        # libsndfile's reason alone: soundfile's message names the in-memory file by its repr, a heap address.
+        reason = error.error_string if isinstance(error, sf.LibsndfileError) else "it cannot be decoded"
+        raise ReferenceAudioError(f"reference audio is not audio in a readable format: {reason}") from None
     return _to_model_rate(mono, sample_rate, limits)
 
 

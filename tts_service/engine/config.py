@@ -14,8 +14,9 @@ from tts_service.runner.config import RunnerConfig
 
 # Prompt positions beyond a request's text and audio: chat template, codec tags, speaker slot.
 PROMPT_OVERHEAD_POSITIONS = 64
-# A text token per character is the most any tokenizer gives; the instruction may be as long as the text.
-_TEXT_TOKENS_PER_ALLOWED_CHAR = 2
+# Ordinary text takes at most a token per character. Rarer characters can take more (byte-level BPE):
+# a request of such text that does not fit is refused as too large, never cut.
+_TEXT_TOKENS_PER_CHAR = 1
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class EngineConfig:
     num_slots: int | None = None
     # -- what one request may hold (sizes the KV block table) --
     max_text_chars: int = 4096  # of text, and again of instruction
+    max_reference_text_chars: int = 2048  # an in-context clone's transcript
     max_audio_s: float = 120.0  # generated audio
     max_reference_audio_s: float = 60.0  # an in-context clone's reference audio, read as codec frames
     # None: room for the longest request the three limits above allow.
@@ -50,7 +52,7 @@ class EngineConfig:
     use_fused_kernels: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_running", "max_waiting", "max_text_chars"):
+        for name in ("max_running", "max_waiting", "max_text_chars", "max_reference_text_chars"):
             _require(getattr(self, name) >= 1, name, ">= 1")
         _require(self.num_slots is None or self.num_slots >= self.max_running, "num_slots",
                  f">= max_running ({self.max_running})")
@@ -64,11 +66,12 @@ class EngineConfig:
         return self.max_running if self.num_slots is None else self.num_slots
 
     def positions_per_request(self, frame_rate_hz: float) -> int:
-        """Room for the longest request: instruction and text, reference frames, audio frames."""
+        """Room for the longest request: instruction, text and transcript, reference frames, audio frames."""
         if self.max_positions_per_request is not None:
             return self.max_positions_per_request
+        max_text_tokens = _TEXT_TOKENS_PER_CHAR * (2 * self.max_text_chars + self.max_reference_text_chars)
         return (math.ceil(self.max_audio_s * frame_rate_hz) + math.ceil(self.max_reference_audio_s * frame_rate_hz)
-                + _TEXT_TOKENS_PER_ALLOWED_CHAR * self.max_text_chars + PROMPT_OVERHEAD_POSITIONS)
+                + max_text_tokens + PROMPT_OVERHEAD_POSITIONS)
 
     def max_unread_frames(self, frame_rate_hz: float) -> int:
         return math.ceil(self.max_unread_audio_s * frame_rate_hz)

@@ -34,7 +34,7 @@ from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisReque
 from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenization
 from tts_service.engine.warm_up import warm_up
 from tts_service.model.checkpoint import LoadedModel, LoadOptions, load_with_offline_fallback
-from tts_service.model.prompts import Prompt, PromptBuilder, PromptError, VoiceClone
+from tts_service.model.prompts import Prompt, PromptBuilder, PromptError, SynthesisInput, VoiceClone
 from tts_service.model.voice_clone import clone_voice
 from tts_service.runner.runner import DecodeInput, ModelRunner, PrefillInput, StepInput
 
@@ -123,6 +123,8 @@ class Engine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-runner")
         # One cloning at a time: the encoders are heavy and share the device with the runner.
         self._clone_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-clone")
+        # One tokenization at a time: requests are queued in the order their text was tokenized.
+        self._prompt_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-prompt")
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False
         self.stats = EngineStats()
@@ -169,6 +171,7 @@ class Engine:
             self._task = None
         self._executor.shutdown(wait=True)
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
+        self._prompt_executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def is_running(self) -> bool:
@@ -208,26 +211,44 @@ class Engine:
 
     # -- calls from the server ----------------------------------------------------------------
 
-    def submit(self, request: SynthesisRequest) -> RequestStream:
+    async def submit(self, request: SynthesisRequest) -> RequestStream:
         """Queue a request. Raises PromptError for input the model cannot serve, and the scheduler's
-        QueueFullError / RequestTooLargeError when there is no room; nothing is queued then."""
+        QueueFullError / RequestTooLargeError when there is no room; nothing is queued then.
+
+        A whole text is tokenized in a worker thread, so that a long one never stalls the event loop."""
+        arrival_time = self.clock()
+        self._check_submittable(request)
+        if request.is_text_open:
+            self.prompts.validate(request.synthesis, is_text_required=False)
+            live = self._new_live(request, arrival_time)
+            live.text = IncrementalTokenizer(self.tokenization)
+        else:
+            self.prompts.validate(request.synthesis)
+            prompt, num_text_ids = await asyncio.get_running_loop().run_in_executor(
+                self._prompt_executor, self._build_prompt, request.synthesis)
+            self._check_submittable(request)  # the engine may have stopped, or the id been taken, meanwhile
+            live = self._new_live(request, arrival_time)
+            self._enter(live, prompt, is_text_closed=True)
+            live.num_text_ids = num_text_ids
+        self._live[request.request_id] = live
+        self._wake.set()
+        return live.stream
+
+    def _check_submittable(self, request: SynthesisRequest) -> None:
         if not self.is_running:
             raise EngineStoppedError("the engine is not running")
         if request.request_id in self._live:
             raise ValueError(f"request id {request.request_id!r} is already in use")
+
+    def _new_live(self, request: SynthesisRequest, arrival_time: float) -> _Live:
         request_id = request.request_id
         stream = RequestStream(request_id, self._max_unread_frames,
                                lambda is_backlogged: self._pause_output(request_id, is_backlogged))
-        live = _Live(request, stream, self.clock())
-        if request.is_text_open:
-            self.prompts.validate(request.synthesis, is_text_required=False)
-            live.text = IncrementalTokenizer(self.tokenization)
-        else:
-            self._enter(live, self.prompts.build(request.synthesis), is_text_closed=True)
-            live.num_text_ids = len(self.prompts.assistant_token_ids(request.synthesis.text)[1])
-        self._live[request.request_id] = live
-        self._wake.set()
-        return live.stream
+        return _Live(request, stream, arrival_time)
+
+    def _build_prompt(self, synthesis: SynthesisInput) -> tuple[Prompt, int]:
+        """The prompt and the number of the text's own tokens (off the event loop)."""
+        return self.prompts.build(synthesis), len(self.prompts.assistant_token_ids(synthesis.text)[1])
 
     def append_text(self, request_id: str, fragment: str) -> None:
         """More text for an open request. Unknown or finished ids are ignored (the stream has ended)."""

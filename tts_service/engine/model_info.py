@@ -3,9 +3,12 @@ the front doors never reach into the model itself."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tts_service.model.checkpoint import LoadedModel
+from tts_service.runner.params import GenerationParams, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,10 @@ class ModelInfo:
     sample_rate: int  # of the model's audio
     dtype: str
     device: str
+    # What a request that sets nothing gets, as qwen-tts gives it: the checkpoint's generation_config.json over
+    # the reference's own defaults; the whole text up front except for Base (voice clone) models.
+    default_params: GenerationParams
+    default_non_streaming_text: bool
 
     @classmethod
     def of(cls, model: LoadedModel) -> ModelInfo:
@@ -36,7 +43,9 @@ class ModelInfo:
             can_clone_in_context=model.codec_encoder is not None,
             is_random=model.is_random, frame_rate_hz=speech.frame_rate_hz,
             samples_per_frame=speech.samples_per_frame, sample_rate=speech.output_sample_rate,
-            dtype=str(model.talker.codec_head.weight.dtype).removeprefix("torch."), device=str(model.device))
+            dtype=str(model.talker.codec_head.weight.dtype).removeprefix("torch."), device=str(model.device),
+            default_params=params_from_generation_config(model.generation_config),
+            default_non_streaming_text=config.model_type != "base")
 
     @property
     def speakers(self) -> list[str]:
@@ -44,3 +53,44 @@ class ModelInfo:
 
     def audio_seconds(self, num_frames: int) -> float:
         return num_frames * self.samples_per_frame / self.sample_rate
+
+
+def params_from_generation_config(raw: Mapping[str, Any]) -> GenerationParams:
+    """A checkpoint's generation_config.json as request defaults; absent keys keep the reference's hard defaults.
+
+    `do_sample: false` means greedy (temperature 0); the `subtalker_*` keys are the code predictor's. The frame
+    limit stays the server's (its audio limit), not `max_new_tokens`. Raises ValueError naming a bad key."""
+    defaults = GenerationParams()
+
+    def number(key: str, fallback: float) -> float:
+        found = raw.get(key)
+        if found is None:
+            return fallback
+        if isinstance(found, bool) or not isinstance(found, (int, float)):
+            raise ValueError(f"generation_config.json: {key} must be a number, got {type(found).__name__}")
+        return found
+
+    def flag(key: str) -> bool:
+        found = raw.get(key, True)
+        if not isinstance(found, bool):
+            raise ValueError(f"generation_config.json: {key} must be true or false, got {type(found).__name__}")
+        return found
+
+    def sampling(sample_key: str, prefix: str, fallback: SamplingParams) -> SamplingParams:
+        top_k = number(f"{prefix}top_k", fallback.top_k)
+        if top_k != int(top_k):
+            raise ValueError(f"generation_config.json: {prefix}top_k must be a whole number, got {top_k}")
+        temperature = float(number(f"{prefix}temperature", fallback.temperature)) if flag(sample_key) else 0.0
+        top_p = float(number(f"{prefix}top_p", fallback.top_p))
+        try:
+            return SamplingParams(temperature=temperature, top_k=int(top_k), top_p=top_p)
+        except ValueError as error:  # its message starts with the parameter's name
+            raise ValueError(f"generation_config.json: {prefix}{error}") from None
+
+    talker = sampling("do_sample", "", defaults.talker)
+    predictor = sampling("subtalker_dosample", "subtalker_", defaults.predictor)
+    try:
+        return GenerationParams(talker=talker, predictor=predictor,
+                                repetition_penalty=float(number("repetition_penalty", defaults.repetition_penalty)))
+    except ValueError as error:  # its message starts with the parameter's name
+        raise ValueError(f"generation_config.json: {error}") from None

@@ -33,7 +33,7 @@ class CodecRestart:
     """A slot's audio stream starts over, first decoding `context` (whose audio nobody hears).
 
     The context is the reference frames of an in-context voice clone, and after a preemption
-    also the frames whose audio was already sent, so the stream's state is rebuilt exactly.
+    also the frames whose audio was already sent, so the stream's state is rebuilt (equal up to float rounding).
     """
 
     request_id: str

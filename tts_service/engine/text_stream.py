@@ -6,12 +6,23 @@ of the text received so far is final: later text can only extend or re-split the
 Tokens are therefore committed up to the start of the last pre-token, and the rest waits for
 more text or for the end of the input. The pre-tokenizer runs on NFC-normalised text, as the
 tokenizer does, so a combining mark in the next fragment still joins the letter before it.
+
+Added tokens are the one thing that would cross pre-token boundaries (`<|im_end|>` is several
+pre-tokens, one added token), so every piece is encoded with them switched off, as the prompt
+builder encodes the whole text: a fragment boundary inside `<|im_end|>` changes nothing, and the
+text never yields a control id.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tts_service.model.text_tokenizer import literal_text_encoder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 Tokenize = Callable[[str], list[int]]
 PreTokenStarts = Callable[[str], list[int]]
@@ -28,14 +39,11 @@ class TextTokenization:
     normalize: Normalize
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: object, tokenize_first: Tokenize) -> TextTokenization:
+    def for_tokenizer(cls, tokenizer: PreTrainedTokenizerFast, tokenize_first: Tokenize) -> TextTokenization:
         """From a Hugging Face fast tokenizer; `tokenize_first` is the prompt builder's text tokenization."""
-        backend = tokenizer.backend_tokenizer  # type: ignore[attr-defined]
+        backend = tokenizer.backend_tokenizer
         pre_tokenizer = backend.pre_tokenizer
         normalizer = backend.normalizer
-
-        def tokenize_rest(text: str) -> list[int]:
-            return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
 
         def pre_token_starts(text: str) -> list[int]:
             return [start for _, (start, _) in pre_tokenizer.pre_tokenize_str(text)]
@@ -43,7 +51,7 @@ class TextTokenization:
         def normalize(text: str) -> str:
             return normalizer.normalize_str(text) if normalizer is not None else text
 
-        return cls(tokenize_first, tokenize_rest, pre_token_starts, normalize)
+        return cls(tokenize_first, literal_text_encoder(tokenizer), pre_token_starts, normalize)
 
 
 class IncrementalTokenizer:

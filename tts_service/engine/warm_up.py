@@ -46,7 +46,7 @@ async def warm_up(engine: Engine) -> bool:
         return False
     started = time.perf_counter()
     params = GenerationParams(max_new_frames=_WARM_UP_FRAMES, min_new_frames=_WARM_UP_FRAMES)
-    stream = engine.submit(SynthesisRequest(f"warm-up-{uuid.uuid4().hex}", synthesis, params))
+    stream = await engine.submit(SynthesisRequest(f"warm-up-{uuid.uuid4().hex}", synthesis, params))
     _, summary = await stream.collect()
     logger.info("warm-up synthesis of %d frames took %.2f s", summary.num_frames, time.perf_counter() - started)
     return True

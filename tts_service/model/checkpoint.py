@@ -21,11 +21,11 @@ from torch import nn
 
 from tts_service.model.codec_decoder import CodecDecoder
 from tts_service.model.codec_encoder import CodecEncoder
-from tts_service.model.configs import ModelConfig, SpeechTokenizerConfig
+from tts_service.model.configs import ModelConfig, SpeechTokenizerConfig, describe_json
 from tts_service.model.sources import DEFAULT_MODEL, OFFLINE_FALLBACK_MODEL
 from tts_service.model.speaker_encoder import SpeakerEncoder
 from tts_service.model.talker import Talker
-from tts_service.model.text_tokenizer import load_text_tokenizer
+from tts_service.model.text_tokenizer import TextTokenizerError, load_text_tokenizer
 
 REQUIRED_FILES = (
     "config.json",
@@ -120,15 +120,22 @@ def _weight_files(single: Path) -> list[Path]:
     index = single.with_name(single.name + ".index.json")
     if not index.is_file():
         return []
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    return [single.with_name(shard) for shard in shards]
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
+        raise CheckpointError(f"{index}: weight_map must be an object from tensor names to shard file names, "
+                              f"got {describe_json(weight_map)}")
+    return [single.with_name(shard) for shard in sorted(set(weight_map.values()))]
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON file that must hold an object; anything else is a CheckpointError naming the file."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:  # ValueError: invalid JSON, or bytes that are not UTF-8
         raise CheckpointError(f"cannot read {path}: {error}") from error
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {describe_json(value)}")
+    return value
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -236,9 +243,12 @@ def load_checkpoint(directory: Path, options: LoadOptions, source: str | None = 
         load_strict(modules.codec_encoder, split_prefix(codec_tensors, "encoder."),
                     "speech_tokenizer/model.safetensors (encoder)")
 
+    try:
+        tokenizer = load_text_tokenizer(directory)
+    except TextTokenizerError as error:  # it names the broken file
+        raise CheckpointError(str(error)) from None
     return finish_loading(source or str(directory), config, speech_config,
-                          read_json(directory / "generation_config.json"), modules,
-                          load_text_tokenizer(directory), options)
+                          read_json(directory / "generation_config.json"), modules, tokenizer, options)
 
 
 def finish_loading(source: str, config: ModelConfig, speech_config: SpeechTokenizerConfig,

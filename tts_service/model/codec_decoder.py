@@ -2,8 +2,10 @@
 
 Every layer is causal (left-padded convolutions, transposed convolutions trimmed on the right,
 sliding-window causal attention), so decoding a stream chunk by chunk while carrying a small
-fixed-size state per row gives exactly the samples a one-shot decode would. `forward` is simply
-a single chunk decoded from a fresh state; `decode_chunk` is the serving path.
+fixed-size state per row computes the same samples a one-shot decode would. They are equal up to
+rounding, not bit for bit: other chunk lengths make the kernels sum in another order. On the test
+decoder the samples differ by at most a few 1e-6 in float32 and about 1e-14 in float64.
+`forward` is simply a single chunk decoded from a fresh state; `decode_chunk` is the serving path.
 
 Parameter names follow the checkpoint's `decoder.*` keys (without the prefix).
 """

@@ -1,30 +1,127 @@
 """Frozen views of a checkpoint's `config.json` and `speech_tokenizer/config.json`.
 
-Only the fields the model reads are kept; each is validated once, when parsed.
+Only the fields the model reads are kept; each is validated once, when parsed, its JSON type included,
+and every error names the file and the key (`ConfigSection`).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
+MODEL_CONFIG_FILE = "config.json"
+SPEECH_TOKENIZER_CONFIG_FILE = "speech_tokenizer/config.json"
+
+_MISSING: Any = object()
 
 
 class ConfigError(ValueError):
     """A checkpoint config is missing a field or holds a value the model cannot use."""
 
 
-def _require(raw: dict[str, Any], key: str, where: str) -> Any:
-    if key not in raw:
-        raise ConfigError(f"{where}: missing field {key!r}")
-    return raw[key]
+def describe_json(value: object) -> str:
+    """A JSON value's type in words, with the value as JSON when it is short: what an error shows of a bad field."""
+    if value is None:
+        return "null"
+    kinds = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+             (list, "an array"), (dict, "an object"))
+    kind = next((word for python_type, word in kinds if isinstance(value, python_type)), type(value).__name__)
+    shown = json.dumps(value, ensure_ascii=False, default=repr)
+    return f"{kind} ({shown})" if len(shown) <= 40 else kind
 
 
-def _positive(value: int, name: str) -> int:
-    if not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value
+def _is_integer(value: object) -> bool:
+    # JSON true/false arrive as Python bools, which are ints too.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _is_number(value: object) -> bool:
+    return _is_integer(value) or isinstance(value, float)
+
+
+class ConfigSection:
+    """One JSON object of a config file, read with its types checked.
+
+    Every error names the file and the key's full path (`config.json: talker_config.hidden_size ...`).
+    A field that is absent or null takes its default; without a default it is required.
+    """
+
+    def __init__(self, raw: object, file: str, path: str = "") -> None:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{file}: {path or 'the top level'} must be a JSON object, got {describe_json(raw)}")
+        self.raw: dict[str, Any] = raw
+        self.file = file
+        self.path = path
+
+    def key_path(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.file}: {self.key_path(key)} {message}")
+
+    def _read(self, key: str, default: Any, is_valid: Callable[[object], bool], expected: str) -> Any:
+        value = self.raw.get(key)
+        if value is None and default is not _MISSING:
+            return default
+        if key not in self.raw:
+            raise ConfigError(f"{self.file}: missing field {self.key_path(key)!r}")
+        if value is None or not is_valid(value):
+            raise self.error(key, f"must be {expected}, got {describe_json(value)}")
+        return value
+
+    def integer(self, key: str, default: int = _MISSING) -> int:
+        return self._read(key, default, _is_integer, "an integer")
+
+    def positive(self, key: str, default: int = _MISSING) -> int:
+        return self._read(key, default, _is_positive, "a positive integer")
+
+    def number(self, key: str, default: float = _MISSING) -> float:
+        return float(self._read(key, default, _is_number, "a number"))
+
+    def boolean(self, key: str, default: bool = _MISSING) -> bool:
+        return self._read(key, default, lambda value: isinstance(value, bool), "true or false")
+
+    def string(self, key: str, default: str = _MISSING) -> str:
+        return self._read(key, default, lambda value: isinstance(value, str), "a string")
+
+    def positives(self, key: str, default: tuple[int, ...] = _MISSING) -> tuple[int, ...]:
+        def is_valid(value: object) -> bool:
+            return isinstance(value, list) and all(_is_positive(item) for item in value)
+
+        return tuple(self._read(key, default, is_valid, "an array of positive integers"))
+
+    def integers(self, key: str, default: tuple[int, ...] = _MISSING) -> tuple[int, ...]:
+        def is_valid(value: object) -> bool:
+            return isinstance(value, list) and all(_is_integer(item) for item in value)
+
+        return tuple(self._read(key, default, is_valid, "an array of integers"))
+
+    def mapping(self, key: str, is_valid: Callable[[object], bool], expected: str) -> dict[str, Any]:
+        """An object whose every value passes `is_valid`; absent or null is empty."""
+        section = self.section(key, optional=True)
+        for name, value in section.raw.items():
+            if not is_valid(value):
+                raise section.error(name, f"must be {expected}, got {describe_json(value)}")
+        return dict(section.raw)
+
+    def section(self, key: str, optional: bool = False) -> ConfigSection:
+        """The object at `key`; an optional one that is absent or null reads as empty."""
+        if key not in self.raw and not optional:
+            raise ConfigError(f"{self.file}: missing field {self.key_path(key)!r}")
+        value = self.raw.get(key)
+        return ConfigSection({} if value is None and optional else value, self.file, self.key_path(key))
+
+
+def _as_section(raw: object, file: str, path: str) -> ConfigSection:
+    """A section as given, or a JSON object read as the section it stands for."""
+    return raw if isinstance(raw, ConfigSection) else ConfigSection(raw, file, path)
 
 
 @dataclass(frozen=True)
@@ -41,30 +138,28 @@ class DecoderLayerStack:
     rope_theta: float
     vocab_size: int
 
-    def __post_init__(self) -> None:
-        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "vocab_size"):
-            _positive(getattr(self, name), name)
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError("num_attention_heads must be a multiple of num_key_value_heads")
-
     @classmethod
-    def parse(cls, raw: dict[str, Any], where: str) -> DecoderLayerStack:
-        if raw.get("hidden_act", "silu") != "silu":
-            raise ConfigError(f"{where}: only hidden_act 'silu' is supported")
-        if raw.get("attention_bias", False):
-            raise ConfigError(f"{where}: attention_bias is not supported")
-        heads = _require(raw, "num_attention_heads", where)
+    def parse(cls, raw: ConfigSection) -> DecoderLayerStack:
+        if raw.string("hidden_act", "silu") != "silu":
+            raise raw.error("hidden_act", "must be 'silu', the only activation supported")
+        if raw.boolean("attention_bias", False):
+            raise raw.error("attention_bias", "is not supported")
+        hidden_size = raw.positive("hidden_size")
+        heads = raw.positive("num_attention_heads")
+        key_value_heads = raw.positive("num_key_value_heads", heads)
+        if heads % key_value_heads:
+            raise raw.error("num_attention_heads", f"({heads}) must be a multiple of num_key_value_heads "
+                                                   f"({key_value_heads})")
         return cls(
-            hidden_size=_require(raw, "hidden_size", where),
-            intermediate_size=_require(raw, "intermediate_size", where),
-            num_hidden_layers=_require(raw, "num_hidden_layers", where),
+            hidden_size=hidden_size,
+            intermediate_size=raw.positive("intermediate_size"),
+            num_hidden_layers=raw.positive("num_hidden_layers"),
             num_attention_heads=heads,
-            num_key_value_heads=raw.get("num_key_value_heads", heads),
-            head_dim=raw.get("head_dim") or _require(raw, "hidden_size", where) // heads,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
-            vocab_size=_require(raw, "vocab_size", where),
+            num_key_value_heads=key_value_heads,
+            head_dim=raw.positive("head_dim", hidden_size // heads),
+            rms_norm_eps=raw.number("rms_norm_eps", 1e-6),
+            rope_theta=raw.number("rope_theta", 10000.0),
+            vocab_size=raw.positive("vocab_size"),
         )
 
 
@@ -89,37 +184,40 @@ class TalkerConfig:
     speaker_dialects: dict[str, str | None] = field(hash=False)
 
     @classmethod
-    def parse(cls, raw: dict[str, Any]) -> TalkerConfig:
-        where = "talker_config"
-        layers = DecoderLayerStack.parse(raw, where)
-        predictor = DecoderLayerStack.parse(_require(raw, "code_predictor_config", where),
-                                            "talker_config.code_predictor_config")
-        rope_scaling = raw.get("rope_scaling") or {}
-        mrope_section = tuple(rope_scaling.get("mrope_section", ()))
+    def parse(cls, raw: ConfigSection | dict[str, Any]) -> TalkerConfig:
+        """`talker_config`, as its section of `config.json` or as the JSON object."""
+        raw = _as_section(raw, MODEL_CONFIG_FILE, "talker_config")
+        layers = DecoderLayerStack.parse(raw)
+        predictor = DecoderLayerStack.parse(raw.section("code_predictor_config"))
+        rope_scaling = raw.section("rope_scaling", optional=True)
+        mrope_section = rope_scaling.integers("mrope_section", ())
         if sum(mrope_section) != layers.head_dim // 2:
-            raise ConfigError(f"{where}: mrope_section {mrope_section} must sum to head_dim / 2")
-        num_code_groups = _positive(_require(raw, "num_code_groups", where), "num_code_groups")
-        speakers = {k.lower(): int(v) for k, v in (raw.get("spk_id") or {}).items()}
-        dialects = {k.lower(): (v or None) for k, v in (raw.get("spk_is_dialect") or {}).items()}
-        languages = {k.lower(): int(v) for k, v in (raw.get("codec_language_id") or {}).items()}
+            raise rope_scaling.error("mrope_section", f"{list(mrope_section)} must sum to head_dim / 2 "
+                                                      f"({layers.head_dim // 2})")
+        speakers = {k.lower(): v for k, v in raw.mapping("spk_id", _is_integer, "an integer id").items()}
+        # A speaker's dialect is the name of its language, or false (or null) for none.
+        dialects = {k.lower(): (v or None) for k, v in raw.mapping(
+            "spk_is_dialect", lambda value: value is None or value is False or isinstance(value, str),
+            "a dialect name or false").items()}
+        languages = {k.lower(): v for k, v in raw.mapping("codec_language_id", _is_integer, "an integer id").items()}
         for name, dialect in dialects.items():
             if dialect is not None and dialect not in languages:
-                raise ConfigError(f"{where}: speaker {name!r} names unknown dialect {dialect!r}")
+                raise raw.error("spk_is_dialect", f"gives speaker {name!r} the unknown dialect {dialect!r}")
         config = cls(
             layers=layers,
             code_predictor=predictor,
-            num_code_groups=num_code_groups,
-            text_hidden_size=_require(raw, "text_hidden_size", where),
-            text_vocab_size=_require(raw, "text_vocab_size", where),
+            num_code_groups=raw.positive("num_code_groups"),
+            text_hidden_size=raw.positive("text_hidden_size"),
+            text_vocab_size=raw.positive("text_vocab_size"),
             mrope_section=mrope_section,
-            mrope_interleaved=bool(rope_scaling.get("interleaved", False)),
-            codec_bos_id=_require(raw, "codec_bos_id", where),
-            codec_eos_id=_require(raw, "codec_eos_token_id", where),
-            codec_pad_id=_require(raw, "codec_pad_id", where),
-            codec_think_id=_require(raw, "codec_think_id", where),
-            codec_nothink_id=_require(raw, "codec_nothink_id", where),
-            codec_think_bos_id=_require(raw, "codec_think_bos_id", where),
-            codec_think_eos_id=_require(raw, "codec_think_eos_id", where),
+            mrope_interleaved=rope_scaling.boolean("interleaved", False),
+            codec_bos_id=raw.integer("codec_bos_id"),
+            codec_eos_id=raw.integer("codec_eos_token_id"),
+            codec_pad_id=raw.integer("codec_pad_id"),
+            codec_think_id=raw.integer("codec_think_id"),
+            codec_nothink_id=raw.integer("codec_nothink_id"),
+            codec_think_bos_id=raw.integer("codec_think_bos_id"),
+            codec_think_eos_id=raw.integer("codec_think_eos_id"),
             codec_language_ids=languages,
             speaker_ids=speakers,
             speaker_dialects={name: dialects.get(name) for name in speakers},
@@ -127,9 +225,10 @@ class TalkerConfig:
         for name in ("codec_bos_id", "codec_eos_id", "codec_pad_id", "codec_think_id", "codec_nothink_id",
                      "codec_think_bos_id", "codec_think_eos_id"):
             if not 0 <= getattr(config, name) < layers.vocab_size:
-                raise ConfigError(f"{where}: {name} outside the codec vocabulary")
+                raise raw.error(name, f"{getattr(config, name)} lies outside the codec vocabulary "
+                                      f"({layers.vocab_size})")
         if predictor.vocab_size > layers.vocab_size:
-            raise ConfigError(f"{where}: the code predictor vocabulary exceeds the talker's")
+            raise raw.error("code_predictor_config.vocab_size", "exceeds the talker's vocab_size")
         return config
 
     @property
@@ -155,14 +254,16 @@ class SpeakerEncoderConfig:
     sample_rate: int = 24000
 
     @classmethod
-    def parse(cls, raw: dict[str, Any]) -> SpeakerEncoderConfig:
-        defaults = cls()
-        values = {name: raw.get(name, getattr(defaults, name)) for name in cls.__dataclass_fields__}
-        for name in ("enc_channels", "enc_kernel_sizes", "enc_dilations"):
-            values[name] = tuple(values[name])
+    def parse(cls, raw: ConfigSection | dict[str, Any]) -> SpeakerEncoderConfig:
+        """`speaker_encoder_config`, as its section of `config.json` or as the JSON object."""
+        raw = _as_section(raw, MODEL_CONFIG_FILE, "speaker_encoder_config")
+        values: dict[str, Any] = {}
+        for name in cls.__dataclass_fields__:
+            default = getattr(cls, name)
+            values[name] = raw.positives(name, default) if isinstance(default, tuple) else raw.positive(name, default)
         config = cls(**values)
         if not len(config.enc_channels) == len(config.enc_kernel_sizes) == len(config.enc_dilations):
-            raise ConfigError("speaker_encoder_config: channel, kernel and dilation lists differ in length")
+            raise raw.error("enc_channels", "enc_kernel_sizes and enc_dilations differ in length")
         return config
 
 
@@ -181,35 +282,38 @@ class ModelConfig:
     tts_eos_token_id: int
 
     @classmethod
-    def parse(cls, raw: dict[str, Any]) -> ModelConfig:
-        where = "config.json"
-        if raw.get("tokenizer_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
-            raise ConfigError(f"{where}: only the 12 Hz speech tokenizer is supported, "
-                              f"got tokenizer_type {raw.get('tokenizer_type')!r}")
-        model_type = _require(raw, "tts_model_type", where)
+    def parse(cls, raw: object) -> ModelConfig:
+        """The parsed `config.json` (a JSON value); raises ConfigError naming the key at fault."""
+        section = ConfigSection(raw, MODEL_CONFIG_FILE)
+        if section.string("tokenizer_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
+            raise section.error("tokenizer_type", f"{section.raw['tokenizer_type']!r} is not supported; only the "
+                                                  "12 Hz speech tokenizer (qwen3_tts_tokenizer_12hz) is")
+        model_type = section.string("tts_model_type")
         if model_type not in MODEL_TYPES:
-            raise ConfigError(f"{where}: tts_model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-        talker = TalkerConfig.parse(_require(raw, "talker_config", where))
+            raise section.error("tts_model_type", f"must be one of {MODEL_TYPES}, got {model_type!r}")
+        talker = TalkerConfig.parse(section.section("talker_config"))
         speaker_encoder = None
         if model_type == "base":
-            speaker_encoder = SpeakerEncoderConfig.parse(_require(raw, "speaker_encoder_config", where))
+            speaker_encoder = SpeakerEncoderConfig.parse(section.section("speaker_encoder_config"))
             if speaker_encoder.enc_dim != talker.layers.hidden_size:
-                raise ConfigError(f"{where}: speaker_encoder_config.enc_dim must equal the talker hidden size")
+                raise section.error("speaker_encoder_config.enc_dim", "must equal the talker hidden size "
+                                                                      f"({talker.layers.hidden_size})")
         config = cls(
             model_type=model_type,
-            model_size=raw.get("tts_model_size", ""),
+            model_size=section.string("tts_model_size", ""),
             talker=talker,
             speaker_encoder=speaker_encoder,
-            im_start_token_id=raw.get("im_start_token_id", 151644),
-            im_end_token_id=raw.get("im_end_token_id", 151645),
-            tts_pad_token_id=raw.get("tts_pad_token_id", 151671),
-            tts_bos_token_id=raw.get("tts_bos_token_id", 151672),
-            tts_eos_token_id=raw.get("tts_eos_token_id", 151673),
+            im_start_token_id=section.integer("im_start_token_id", 151644),
+            im_end_token_id=section.integer("im_end_token_id", 151645),
+            tts_pad_token_id=section.integer("tts_pad_token_id", 151671),
+            tts_bos_token_id=section.integer("tts_bos_token_id", 151672),
+            tts_eos_token_id=section.integer("tts_eos_token_id", 151673),
         )
         for name in ("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id",
                      "tts_eos_token_id"):
             if not 0 <= getattr(config, name) < talker.text_vocab_size:
-                raise ConfigError(f"{where}: {name} outside the text vocabulary")
+                raise section.error(name, f"{getattr(config, name)} lies outside the text vocabulary "
+                                          f"({talker.text_vocab_size})")
         return config
 
     @property
@@ -247,32 +351,33 @@ class CodecDecoderConfig:
     upsampling_ratios: tuple[int, ...]
 
     @classmethod
-    def parse(cls, raw: dict[str, Any]) -> CodecDecoderConfig:
-        where = "speech_tokenizer/config.json decoder_config"
-        heads = raw.get("num_attention_heads", 16)
-        hidden = raw.get("hidden_size", 1024)
+    def parse(cls, raw: ConfigSection | dict[str, Any]) -> CodecDecoderConfig:
+        """`decoder_config`, as its section of `speech_tokenizer/config.json` or as the JSON object."""
+        raw = _as_section(raw, SPEECH_TOKENIZER_CONFIG_FILE, "decoder_config")
+        heads = raw.positive("num_attention_heads", 16)
+        hidden = raw.positive("hidden_size", 1024)
         return cls(
-            codebook_size=raw.get("codebook_size", 2048),
-            codebook_dim=raw.get("codebook_dim", 512),
-            latent_dim=raw.get("latent_dim", 1024),
-            decoder_dim=raw.get("decoder_dim", 1536),
+            codebook_size=raw.positive("codebook_size", 2048),
+            codebook_dim=raw.positive("codebook_dim", 512),
+            latent_dim=raw.positive("latent_dim", 1024),
+            decoder_dim=raw.positive("decoder_dim", 1536),
             hidden_size=hidden,
-            intermediate_size=raw.get("intermediate_size", 3072),
-            num_hidden_layers=raw.get("num_hidden_layers", 8),
+            intermediate_size=raw.positive("intermediate_size", 3072),
+            num_hidden_layers=raw.positive("num_hidden_layers", 8),
             num_attention_heads=heads,
-            num_key_value_heads=raw.get("num_key_value_heads", heads),
-            head_dim=raw.get("head_dim") or hidden // heads,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
-            sliding_window=_positive(raw.get("sliding_window", 72), f"{where}.sliding_window"),
-            layer_scale_initial_scale=float(raw.get("layer_scale_initial_scale", 0.01)),
-            max_position_embeddings=raw.get("max_position_embeddings", 8000),
-            num_quantizers=raw.get("num_quantizers", 16),
-            num_semantic_quantizers=raw.get("num_semantic_quantizers", 1),
-            semantic_codebook_size=raw.get("semantic_codebook_size", 4096),
-            vector_quantization_hidden_dimension=raw.get("vector_quantization_hidden_dimension", 512),
-            upsample_rates=tuple(raw.get("upsample_rates", (8, 5, 4, 3))),
-            upsampling_ratios=tuple(raw.get("upsampling_ratios", (2, 2))),
+            num_key_value_heads=raw.positive("num_key_value_heads", heads),
+            head_dim=raw.positive("head_dim", hidden // heads),
+            rms_norm_eps=raw.number("rms_norm_eps", 1e-5),
+            rope_theta=raw.number("rope_theta", 10000.0),
+            sliding_window=raw.positive("sliding_window", 72),
+            layer_scale_initial_scale=raw.number("layer_scale_initial_scale", 0.01),
+            max_position_embeddings=raw.positive("max_position_embeddings", 8000),
+            num_quantizers=raw.positive("num_quantizers", 16),
+            num_semantic_quantizers=raw.integer("num_semantic_quantizers", 1),
+            semantic_codebook_size=raw.positive("semantic_codebook_size", 4096),
+            vector_quantization_hidden_dimension=raw.positive("vector_quantization_hidden_dimension", 512),
+            upsample_rates=raw.positives("upsample_rates", (8, 5, 4, 3)),
+            upsampling_ratios=raw.positives("upsampling_ratios", (2, 2)),
         )
 
     @property
@@ -293,21 +398,28 @@ class SpeechTokenizerConfig:
     samples_per_frame: int = 1920
 
     @classmethod
-    def parse(cls, raw: dict[str, Any]) -> SpeechTokenizerConfig:
-        if raw.get("model_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
-            raise ConfigError("speech_tokenizer/config.json: only the 12 Hz tokenizer is supported")
-        decoder = CodecDecoderConfig.parse(raw.get("decoder_config") or {})
+    def parse(cls, raw: object) -> SpeechTokenizerConfig:
+        """The parsed `speech_tokenizer/config.json` (a JSON value); raises ConfigError naming the key at fault.
+
+        `encoder_config` is only checked to be an object here: its fields are Mimi's, checked against
+        transformers' MimiConfig when the codec encoder is built (`codec_encoder`).
+        """
+        section = ConfigSection(raw, SPEECH_TOKENIZER_CONFIG_FILE)
+        if section.string("model_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
+            raise section.error("model_type", "must be qwen3_tts_tokenizer_12hz: only the 12 Hz tokenizer is "
+                                              "supported")
+        decoder = CodecDecoderConfig.parse(section.section("decoder_config", optional=True))
         config = cls(
             decoder=decoder,
-            encoder=dict(raw.get("encoder_config") or {}),
-            encoder_valid_num_quantizers=raw.get("encoder_valid_num_quantizers", 16),
-            input_sample_rate=raw.get("input_sample_rate", 24000),
-            output_sample_rate=raw.get("output_sample_rate", 24000),
-            samples_per_frame=raw.get("decode_upsample_rate", 1920),
+            encoder=dict(section.section("encoder_config", optional=True).raw),
+            encoder_valid_num_quantizers=section.positive("encoder_valid_num_quantizers", 16),
+            input_sample_rate=section.positive("input_sample_rate", 24000),
+            output_sample_rate=section.positive("output_sample_rate", 24000),
+            samples_per_frame=section.positive("decode_upsample_rate", 1920),
         )
         if decoder.samples_per_frame != config.samples_per_frame:
-            raise ConfigError("speech_tokenizer/config.json: decode_upsample_rate does not match the decoder's "
-                              f"upsampling ({decoder.samples_per_frame})")
+            raise section.error("decode_upsample_rate", f"({config.samples_per_frame}) does not match the decoder's "
+                                                        f"upsampling ({decoder.samples_per_frame})")
         return config
 
     @property

@@ -13,14 +13,23 @@ The layout follows the reference implementation token for token:
   [first text]   text[0]    +  codec bos                      (streaming text)
   or the whole text + eos over codec pads, then pad + bos      (non-streaming text)
   or the reference text + text over the reference frames      (in-context voice cloning)
+
+The control tokens of the chat template (<|im_start|>, <|im_end|>) and the tts_* tokens are placed
+here by position; the text, the instruction and the reference text are read as characters only
+(see ChatTemplate), so no user string can end the text or open a turn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tts_service.model.configs import ModelConfig
+from tts_service.model.text_tokenizer import ChatTemplate
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 NO_CODEC = -1
 SPEAKER_SLOT = -2
@@ -74,27 +83,20 @@ class Prompt:
         return len(self.text_ids)
 
 
-Tokenize = Callable[[str], list[int]]
-
 _ROLE_PREFIX_TOKENS = 3  # <|im_start|> assistant \n
 _ROLE_SUFFIX_TOKENS = 5  # <|im_end|> \n <|im_start|> assistant \n
 _REF_SUFFIX_TOKENS = 2  # <|im_end|> \n
 
 
 class PromptBuilder:
-    def __init__(self, config: ModelConfig, tokenize: Tokenize) -> None:
+    def __init__(self, config: ModelConfig, template: ChatTemplate) -> None:
         self.config = config
         self.talker = config.talker
-        self.tokenize = tokenize
+        self.template = template
 
     @classmethod
-    def for_tokenizer(cls, config: ModelConfig, tokenizer: object) -> PromptBuilder:
-        """With a Hugging Face tokenizer (kept opaque so this module imports no ML library)."""
-
-        def tokenize(text: str) -> list[int]:
-            return list(tokenizer(text)["input_ids"])  # type: ignore[operator]
-
-        return cls(config, tokenize)
+    def for_tokenizer(cls, config: ModelConfig, tokenizer: PreTrainedTokenizerFast) -> PromptBuilder:
+        return cls(config, ChatTemplate.for_tokenizer(tokenizer))
 
     # -- validation -------------------------------------------------------------------------
 
@@ -134,7 +136,7 @@ class PromptBuilder:
 
     def assistant_token_ids(self, text: str) -> tuple[list[int], list[int]]:
         """(role ids, text ids), cut from one tokenization of the chat template, as the reference does."""
-        ids = self.tokenize(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        ids = self.template.assistant_turn(text)
         return ids[:_ROLE_PREFIX_TOKENS], ids[_ROLE_PREFIX_TOKENS:-_ROLE_SUFFIX_TOKENS]
 
     @staticmethod
@@ -162,7 +164,7 @@ class PromptBuilder:
         if not first_text_ids:
             raise ValueError("an open prompt needs at least one text token")
         self.validate(request, is_text_required=False)
-        role = self.tokenize("<|im_start|>assistant\n")
+        role = self.template.assistant_role()
         return self._build(request, role, list(first_text_ids), is_text_complete=False)
 
     def _build(self, request: SynthesisInput, role: list[int], text: list[int], is_text_complete: bool) -> Prompt:
@@ -174,7 +176,7 @@ class PromptBuilder:
             codec_ids.extend(codecs if codecs is not None else [NO_CODEC] * len(texts))
 
         if request.instruction:
-            add(self.tokenize(f"<|im_start|>user\n{request.instruction}<|im_end|>\n"))
+            add(self.template.instruction_turn(request.instruction))
         add(role)
 
         tags = self._codec_tags(request)
@@ -217,8 +219,8 @@ class PromptBuilder:
     def _in_context(self, request: SynthesisInput, text: list[int], text_ids: list[int],
                     codec_ids: list[int]) -> Prompt:
         clone = request.clone
-        assert clone is not None and clone.reference_codes is not None
-        reference = self.tokenize(f"<|im_start|>assistant\n{clone.reference_text}<|im_end|>\n")
+        assert clone is not None and clone.reference_codes is not None and clone.reference_text is not None
+        reference = self.template.reference_turn(clone.reference_text)
         pad, eos = self.config.tts_pad_token_id, self.config.tts_eos_token_id
         icl_text = [*reference[_ROLE_PREFIX_TOKENS:-_REF_SUFFIX_TOKENS], *text, eos]
         icl_codec = [self.talker.codec_bos_id] + [REFERENCE_FRAME] * len(clone.reference_codes)

@@ -11,24 +11,32 @@ Two facts about that conversion shape the layout:
     tokens, in id order, right after `vocab.json`. So the regular vocabulary is padded with
     unreachable filler entries up to the first special id, and every gap inside the special
     block is filled too (with the published Qwen3-TTS specials where they fit).
-  * The reference loads with `fix_mistral_regex=True`, which in transformers 4.57.3 swaps the
-    Qwen pre-tokenizer regex for Mistral's (it also splits at case changes: "iPhone" -> "i",
-    "Phone") when the vocabulary exceeds 100k tokens and the directory's `config.json` has no
-    `transformers_version` or one in (4.57.2, 5.0). `load_text_tokenizer` loads the same way so
-    that the service and the reference always cut text into the same ids.
+  * The reference loads with `fix_mistral_regex=True`, which in transformers 4.57.3 (its pinned
+    version) swaps the Qwen pre-tokenizer regex for Mistral's (it also splits at case changes:
+    "iPhone" -> "i", "Phone") when the vocabulary exceeds 100k tokens and the directory's
+    `config.json` has no `transformers_version` or one in (4.57.2, 5.0). transformers 5.x changed
+    that rule (5.23 never swaps for a Qwen3-TTS `model_type`), so `load_text_tokenizer` asks for no
+    swap and applies 4.57.3's rule itself: the service cuts text into the reference's ids on every
+    release.
+
+User text never becomes a control token: `ChatTemplate` places the chat template's control ids
+itself and encodes the text between them with `literal_text_encoder`, which knows no added tokens.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packaging.version import InvalidVersion, Version
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from tts_service.model.configs import MODEL_CONFIG_FILE, ConfigSection
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -73,6 +81,16 @@ QWEN2_SPLIT_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+# The split transformers 4.57.3 swaps in (see the module docstring), verbatim, and the rule for when.
+MISTRAL_SPLIT_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+MISTRAL_SWAP_MIN_VOCAB = 100_000
+_MISTRAL_MODEL_TYPES = ("mistral", "mistral3", "voxtral", "ministral", "pixtral")
+_LAST_RELEASE_BEFORE_THE_SWAP = Version("4.57.2")
+_FIRST_RELEASE_WITHOUT_THE_SWAP = Version("5.0.0")
 BYTE_ALPHABET_SIZE = 256
 # The corpus is small, so pairs seen once are merged too; merges are still ordered by frequency,
 # so a smaller vocabulary keeps the common pieces.
@@ -375,7 +393,8 @@ def load_text_tokenizer(directory: Path) -> PreTrainedTokenizerFast:
     """The checkpoint's text tokenizer, loaded exactly as the reference loads it.
 
     Accepts the published layout (`vocab.json` + `merges.txt` + `tokenizer_config.json`) and also
-    a directory that carries `tokenizer.json` instead of the first two.
+    a directory that carries `tokenizer.json` instead of the first two. A missing file raises
+    FileNotFoundError, a broken one TextTokenizerError; both name the file.
     """
     # Imported here: transformers takes seconds to import and writing a tokenizer never needs it.
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -385,12 +404,60 @@ def load_text_tokenizer(directory: Path) -> PreTrainedTokenizerFast:
     if missing:
         raise FileNotFoundError(f"{directory}: the text tokenizer file(s) {', '.join(missing)} "
                                 "are missing")
-    # The reference passes fix_mistral_regex=True; loading differently could change the pre-tokenizer
-    # regex and so the ids for the same text.
-    tokenizer = AutoTokenizer.from_pretrained(str(directory), fix_mistral_regex=True)
+    swaps_split = reference_swaps_in_mistral_split(directory)
+    try:
+        # Whether transformers swaps the split depends on its release; False makes every release leave it
+        # (and keeps it from warning), and the reference's choice is applied below.
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), fix_mistral_regex=False)
+    except Exception as error:
+        # A broken file surfaces from transformers or the tokenizers library as anything from a
+        # JSONDecodeError to a bare Exception, and none of them says which file it was.
+        _check_tokenizer_files(directory)
+        raise TextTokenizerError(f"{directory}: the text tokenizer does not load: {error}") from error
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise TextTokenizerError(f"{directory}: expected a fast tokenizer, got {type(tokenizer).__name__}")
+    if swaps_split and tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=False) > MISTRAL_SWAP_MIN_VOCAB:
+        _swap_in_mistral_split(tokenizer, directory)
     return tokenizer
+
+
+def reference_swaps_in_mistral_split(directory: Path) -> bool:
+    """Whether transformers 4.57.3, loading `directory` with `fix_mistral_regex=True` as the reference
+    does, swaps in the Mistral split (given a vocabulary over MISTRAL_SWAP_MIN_VOCAB).
+
+    Its rule (`_patch_mistral_regex`): only with a `config.json`, and then unless that names a
+    `transformers_version` of 5.0 or later, or one up to 4.57.2 together with a non-Mistral `model_type`.
+    """
+    path = directory / MODEL_CONFIG_FILE
+    if not path.is_file():
+        return False
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError both
+        raise TextTokenizerError(f"{path}: not valid UTF-8 JSON: {error}") from error
+    config = ConfigSection(raw, MODEL_CONFIG_FILE)
+    has_model_type = config.raw.get("model_type") is not None
+    model_type = config.string("model_type", "")
+    version_text = config.string("transformers_version", "")
+    if not version_text:
+        return True
+    try:
+        version = Version(version_text)
+    except InvalidVersion as error:
+        raise config.error("transformers_version", f"is not a version: {version_text!r}") from error
+    if version <= _LAST_RELEASE_BEFORE_THE_SWAP:
+        return not has_model_type or model_type in _MISTRAL_MODEL_TYPES
+    return version < _FIRST_RELEASE_WITHOUT_THE_SWAP
+
+
+def _swap_in_mistral_split(tokenizer: PreTrainedTokenizerFast, directory: Path) -> None:
+    pre_tokenizer = tokenizer.backend_tokenizer.pre_tokenizer
+    if not isinstance(pre_tokenizer, pre_tokenizers.Sequence):
+        # 4.57.3 assigns to the first step of a Sequence, which any other pre-tokenizer refuses: the
+        # reference cannot load such a directory either.
+        raise TextTokenizerError(f"{directory}: the reference replaces the first step of the pre-tokenizer "
+                                 f"sequence, but this tokenizer's pre-tokenizer is {type(pre_tokenizer).__name__}")
+    pre_tokenizer[0] = pre_tokenizers.Split(Regex(MISTRAL_SPLIT_PATTERN), behavior="isolated")
 
 
 def _missing_tokenizer_files(directory: Path) -> list[str]:
@@ -398,3 +465,126 @@ def _missing_tokenizer_files(directory: Path) -> list[str]:
     if not (directory / FAST_FILE).is_file():
         needed += [VOCAB_FILE, MERGES_FILE]
     return [name for name in needed if not (directory / name).is_file()]
+
+
+def _check_tokenizer_files(directory: Path) -> None:
+    """Raise TextTokenizerError naming the first tokenizer file that is broken on its own.
+
+    Runs only after a failed load, so reading the files a second time costs nothing on the normal path.
+    """
+    _read_json_object(directory / CONFIG_FILE)
+    fast_path = directory / FAST_FILE
+    if fast_path.is_file():
+        try:
+            Tokenizer.from_file(str(fast_path))
+        except Exception as error:  # the tokenizers library raises bare Exceptions
+            raise TextTokenizerError(f"{fast_path}: not a tokenizer the tokenizers library reads: {error}") from error
+        return
+    vocab_path = directory / VOCAB_FILE
+    vocab = _read_json_object(vocab_path)
+    not_ids = [token for token, token_id in vocab.items() if not isinstance(token_id, int)]
+    if not_ids:
+        raise TextTokenizerError(f"{vocab_path}: token {not_ids[0]!r} has no integer id")
+    _check_merges(directory / MERGES_FILE, vocab)
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError both
+        raise TextTokenizerError(f"{path}: not valid UTF-8 JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise TextTokenizerError(f"{path}: expected a JSON object, found a {type(value).__name__}")
+    return value
+
+
+def _check_merges(path: Path, vocab: Mapping[str, int]) -> None:
+    """Each line is two tokens whose concatenation is a token too, as the BPE model requires."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise TextTokenizerError(f"{path}: not UTF-8 text: {error}") from error
+    for number, line in enumerate(lines, start=1):
+        # Skipped as the Qwen2 tokenizer reads the file: the version header and blank lines.
+        if not line.strip() or (number == 1 and line.startswith("#version:")):
+            continue
+        pair = line.split()
+        if len(pair) != 2:
+            raise TextTokenizerError(f"{path}: line {number} is not a pair of tokens: {line!r}")
+        unknown = [token for token in (*pair, "".join(pair)) if token not in vocab]
+        if unknown:
+            raise TextTokenizerError(f"{path}: line {number} needs {unknown[0]!r}, which {VOCAB_FILE} does not hold")
+
+
+# -- encoding user text -----------------------------------------------------------------------------
+
+
+def literal_text_encoder(tokenizer: PreTrainedTokenizerFast) -> Callable[[str], list[int]]:
+    """Text -> ids, as the tokenizer would cut it if it had no added tokens.
+
+    Text that spells `<|im_end|>`, `<tts_text_eod>` or `<think>` gets the ids of its characters,
+    never the control id. Text that spells no added token gets exactly the ids `tokenizer` gives it:
+    a tokenizer only cuts its input at added tokens before normalising, pre-tokenizing and running
+    BPE, and those stages are shared here, the loaded pre-tokenizer (Mistral regex swap and all)
+    included. `split_special_tokens=True` would not do: the fast tokenizer then still matches the
+    added tokens Qwen does not mark special (`<think>`, `<tool_call>`, ...), while the slow one
+    matches none, so the two paths would disagree.
+    """
+    backend = tokenizer.backend_tokenizer
+    # Built around the loaded model, not copied, so this costs microseconds per tokenizer.
+    literal = Tokenizer(backend.model)
+    literal.normalizer = backend.normalizer
+    literal.pre_tokenizer = backend.pre_tokenizer
+
+    def encode(text: str) -> list[int]:
+        return literal.encode(text, add_special_tokens=False).ids
+
+    return encode
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """The reference's chat turns as ids, with the user's text always read as characters.
+
+    The reference formats `<|im_start|>assistant\\n{text}<|im_end|>\\n...` and tokenizes the whole
+    string, so text that spells a control token becomes one: it could end the text early or open a
+    new turn. Here the template's control ids are placed by position and only the stretches between
+    them go through `encode_text`, which knows no added tokens. The reference's tokenizer cuts at the
+    control tokens first and encodes the same stretches one by one, so for text that spells no
+    added token the ids are the reference's.
+    """
+
+    encode_text: Callable[[str], list[int]]
+    im_start_id: int
+    im_end_id: int
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: PreTrainedTokenizerFast) -> ChatTemplate:
+        # The ids the reference's tokenization of the template gives, which need not be the config's.
+        added = tokenizer.get_added_vocab()
+        im_start, im_end = SPECIAL_TOKEN_NAMES["im_start"], SPECIAL_TOKEN_NAMES["im_end"]
+        absent = [content for content in (im_start, im_end) if content not in added]
+        if absent:
+            raise TextTokenizerError(f"the text tokenizer has no added token {absent[0]}")
+        return cls(literal_text_encoder(tokenizer), added[im_start], added[im_end])
+
+    def assistant_turn(self, text: str) -> list[int]:
+        """`<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n`"""
+        return [*self._turn("assistant", text), *self.assistant_role()]
+
+    def reference_turn(self, reference_text: str) -> list[int]:
+        """`<|im_start|>assistant\\n{reference_text}<|im_end|>\\n`"""
+        return self._turn("assistant", reference_text)
+
+    def instruction_turn(self, instruction: str) -> list[int]:
+        """`<|im_start|>user\\n{instruction}<|im_end|>\\n`"""
+        return self._turn("user", instruction)
+
+    def assistant_role(self) -> list[int]:
+        """`<|im_start|>assistant\\n`"""
+        return [self.im_start_id, *self.encode_text("assistant\n")]
+
+    def _turn(self, role: str, text: str) -> list[int]:
+        # The role line and the text are one stretch, as in the reference: newlines that start the
+        # text merge with the role line's into one token.
+        return [self.im_start_id, *self.encode_text(f"{role}\n{text}"), self.im_end_id, *self.encode_text("\n")]

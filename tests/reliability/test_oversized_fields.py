@@ -1,0 +1,98 @@
+"""Every request field is bounded at the API's edge: an oversized value is refused at once, naming the field and
+its limit and echoing none of it, while health checks keep answering and the server's memory and log stay small."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from qwen3_tts.v1.protocol import tts_pb2, tts_pb2_grpc
+from tests.service.processes import ServerProcess, server_process
+
+pb: Any = tts_pb2
+MAX_HEALTH_LATENCY_S = 0.1
+# What the server may keep after the oversized calls: far below their size (the issue saw gigabytes stay).
+MAX_RESIDENT_GROWTH_BYTES = 48 * 1024 * 1024
+MAX_LOG_GROWTH_BYTES = 64 * 1024
+# Resident memory read as live memory (as the soak test does): glibc otherwise raises its mmap threshold as
+# large blocks are freed and keeps later ones in the heap for reuse, which would hide what the server holds.
+MEMORY_AS_LIVE = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+def resident_bytes(server: ServerProcess) -> int:
+    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS line")
+
+
+class HealthWatch:
+    """Asks the health service over and over on its own channel, keeping the slowest answer."""
+
+    def __init__(self, target: str) -> None:
+        self._channel = grpc.insecure_channel(target)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._is_done = threading.Event()
+        self.slowest_s = 0.0
+        self.num_checks = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._is_done.is_set():
+            started = time.monotonic()
+            self._health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            self.slowest_s = max(self.slowest_s, time.monotonic() - started)
+            self.num_checks += 1
+            self._is_done.wait(0.01)
+
+    def __enter__(self) -> HealthWatch:
+        self._health.Check(health_pb2.HealthCheckRequest(), timeout=5)  # connected before timing starts
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._is_done.set()
+        self._thread.join(timeout=10)
+        self._channel.close()
+
+
+def refused(call: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value
+
+
+@pytest.mark.parametrize(("field", "voice", "limit"), [
+    ("voice.speaker", {"speaker": "x" * 30_000_000}, "at most 64"),
+    ("voice.reference_text", {"reference_text": "y" * 20_000_000}, "at most 2048"),
+    ("voice.language", {"language": "z" * 10_000_000}, "at most 32"),
+    ("voice.instruction", {"instruction": "w" * 10_000_000}, "at most 4096"),
+])
+def test_an_oversized_field_is_refused_at_once_and_the_server_stays_responsive(
+        tmp_path: Path, field: str, voice: dict[str, str], limit: str) -> None:
+    with server_process(tmp_path, env=MEMORY_AS_LIVE) as server:
+        stub = tts_pb2_grpc.TextToSpeechStub(grpc.insecure_channel(server.target))
+        stub.ListVoices(pb.ListVoicesRequest(), timeout=10)
+        memory_before, log_before = resident_bytes(server), server.log.stat().st_size
+        request = pb.SynthesizeRequest(text="Hello.", voice=pb.VoiceSelection(**voice))
+        with HealthWatch(server.target) as health:
+            for _ in range(3):
+                started = time.monotonic()
+                error = refused(lambda: stub.Synthesize(request, timeout=30))
+                assert time.monotonic() - started < 5.0
+                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert error.details().startswith(f"{field}: ") and limit in error.details()
+                assert len(error.details()) < 200
+        assert health.num_checks > 0 and health.slowest_s < MAX_HEALTH_LATENCY_S
+        assert resident_bytes(server) - memory_before < MAX_RESIDENT_GROWTH_BYTES
+        assert server.log.stat().st_size - log_before < MAX_LOG_GROWTH_BYTES
+        assert stub.Synthesize(pb.SynthesizeRequest(text="Still here.", voice=pb.VoiceSelection(speaker="ryan"),
+                                                    generation=pb.GenerationConfig(max_audio_seconds=0.16)),
+                               timeout=60).audio
