@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tts_service.engine.model_info import ModelInfo, params_from_generation_config
-from tts_service.runner.params import GenerationParams, SamplingParams
+from tts_service.engine.model_info import ModelInfo
+from tts_service.runner.params import GenerationParams, SamplingParams, params_from_generation_config
 
 
 def test_absent_keys_keep_the_references_hard_defaults() -> None:

@@ -17,6 +17,7 @@ from google.protobuf import descriptor_pool
 from google.protobuf.message import DecodeError
 
 from qwen3_tts.v1.protocol import SERVICE_NAME
+from tts_service.api.callers import presented_keys
 from tts_service.api.errors import ApiError, abort_with, invalid
 
 _HEALTH_SERVICE_PREFIX = "/grpc.health.v1.Health/"
@@ -156,14 +157,9 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
                                 "a valid API key is required: send 'authorization: Bearer KEY' or 'x-api-key: KEY'")
 
     def _is_authorized(self, metadata: Iterable[tuple[str, str | bytes]]) -> bool:
-        for name, value in metadata:
-            text = value.decode(errors="replace") if isinstance(value, bytes) else value
-            if name == "authorization" and text[:7].lower() == "bearer ":
-                text = text[7:].strip()
-            elif name != "x-api-key":
-                continue
+        for presented in presented_keys(metadata):
             # Compare with every key, in constant time, so timing reveals nothing about them.
-            if any([hmac.compare_digest(text.encode(), key) for key in self._keys]):
+            if any([hmac.compare_digest(presented.encode(), key) for key in self._keys]):
                 return True
         return False
 

@@ -5,7 +5,7 @@ codes, audio chunks become encoded bytes. The engine owns scheduling. Around the
 the standard gRPC health service (NOT_SERVING until the engine runs, and again while draining),
 server reflection (so grpcurl needs no .proto), an API-key check and an admission check that
 answers UNAVAILABLE while the server is starting or draining (`interceptors.py`). Which status an
-error becomes is `api_errors.py`; how messages become engine terms and back is `api_messages.py`;
+error becomes is `errors.py`; how messages become engine terms and back is `messages.py`;
 the bidirectional call's reading, flush acks and limits are `text_call.py`.
 
 Every engine call happens on the event loop's thread, as the engine requires: gRPC's asyncio

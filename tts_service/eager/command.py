@@ -18,7 +18,7 @@ from tts_service.eager.synthesize import EagerSynthesizer
 from tts_service.model.checkpoint import CheckpointError, LoadOptions, load_with_offline_fallback
 from tts_service.model.prompts import PromptError, SynthesisInput
 from tts_service.model.sources import DEFAULT_MODEL, OFFLINE_FALLBACK_MODEL
-from tts_service.runner.params import GenerationParams, SamplingParams
+from tts_service.runner.params import GenerationParams, SamplingParams, params_from_generation_config
 
 logger = logging.getLogger(__name__)
 
@@ -36,16 +36,33 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reference-audio", type=Path, help="audio of the voice to clone (Base models)")
     parser.add_argument("--reference-text", help="transcript of the reference audio (in-context cloning)")
     parser.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding alone")
-    parser.add_argument("--non-streaming-text", action="store_true",
-                        help="give the talker the whole text up front instead of one token per frame")
-    parser.add_argument("--temperature", type=float, default=0.9, help="0 for greedy decoding")
-    parser.add_argument("--top-k", type=int, default=50)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.05)
+    parser.add_argument("--non-streaming-text", action=argparse.BooleanOptionalAction,
+                        help="give the talker the whole text up front instead of one token per frame (default, as "
+                             "qwen-tts: on for CustomVoice and VoiceDesign models, off for Base models)")
+    # Unset sampling settings take the checkpoint's generation_config.json, as qwen-tts does.
+    parser.add_argument("--temperature", type=float, help="0 for greedy decoding")
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--repetition-penalty", type=float)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=60.0, help="cap on generated audio")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser
+
+
+def command_params(args: argparse.Namespace, defaults: GenerationParams, max_new_frames: int) -> GenerationParams:
+    """The checkpoint's defaults with the flags given on top (a sampling flag sets the talker and the predictor)."""
+
+    def sampling(default: SamplingParams) -> SamplingParams:
+        return SamplingParams(
+            temperature=default.temperature if args.temperature is None else args.temperature,
+            top_k=default.top_k if args.top_k is None else args.top_k,
+            top_p=default.top_p if args.top_p is None else args.top_p)
+
+    return GenerationParams(talker=sampling(defaults.talker), predictor=sampling(defaults.predictor),
+                            repetition_penalty=(defaults.repetition_penalty if args.repetition_penalty is None
+                                                else args.repetition_penalty),
+                            max_new_frames=max_new_frames, seed=args.seed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,13 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.reference_audio is not None:
             wav = decode_audio_file(args.reference_audio.read_bytes())
             clone = synthesizer.clone_voice(wav, args.reference_text, args.x_vector_only)
+        non_streaming = (args.non_streaming_text if args.non_streaming_text is not None
+                         else model.config.model_type != "base")
         item = SynthesisInput(text=args.text, language=args.language, speaker=args.speaker,
-                              instruction=args.instruction, clone=clone,
-                              non_streaming_mode=args.non_streaming_text)
-        sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
-        params = GenerationParams(talker=sampling, predictor=sampling, repetition_penalty=args.repetition_penalty,
-                                  max_new_frames=max(1, round(args.max_seconds * model.speech_config.frame_rate_hz)),
-                                  seed=args.seed)
+                              instruction=args.instruction, clone=clone, non_streaming_mode=non_streaming)
+        params = command_params(args, params_from_generation_config(model.generation_config),
+                                max(1, round(args.max_seconds * model.speech_config.frame_rate_hz)))
         result = synthesizer.synthesize([item], [params])[0]
     except (CheckpointError, PromptError, ReferenceAudioError, ValueError, OSError) as error:
         logger.error("%s", error)

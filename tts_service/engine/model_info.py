@@ -3,12 +3,10 @@ the front doors never reach into the model itself."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from tts_service.model.checkpoint import LoadedModel
-from tts_service.runner.params import GenerationParams, SamplingParams
+from tts_service.runner.params import GenerationParams, params_from_generation_config
 
 
 @dataclass(frozen=True)
@@ -53,44 +51,3 @@ class ModelInfo:
 
     def audio_seconds(self, num_frames: int) -> float:
         return num_frames * self.samples_per_frame / self.sample_rate
-
-
-def params_from_generation_config(raw: Mapping[str, Any]) -> GenerationParams:
-    """A checkpoint's generation_config.json as request defaults; absent keys keep the reference's hard defaults.
-
-    `do_sample: false` means greedy (temperature 0); the `subtalker_*` keys are the code predictor's. The frame
-    limit stays the server's (its audio limit), not `max_new_tokens`. Raises ValueError naming a bad key."""
-    defaults = GenerationParams()
-
-    def number(key: str, fallback: float) -> float:
-        found = raw.get(key)
-        if found is None:
-            return fallback
-        if isinstance(found, bool) or not isinstance(found, (int, float)):
-            raise ValueError(f"generation_config.json: {key} must be a number, got {type(found).__name__}")
-        return found
-
-    def flag(key: str) -> bool:
-        found = raw.get(key, True)
-        if not isinstance(found, bool):
-            raise ValueError(f"generation_config.json: {key} must be true or false, got {type(found).__name__}")
-        return found
-
-    def sampling(sample_key: str, prefix: str, fallback: SamplingParams) -> SamplingParams:
-        top_k = number(f"{prefix}top_k", fallback.top_k)
-        if top_k != int(top_k):
-            raise ValueError(f"generation_config.json: {prefix}top_k must be a whole number, got {top_k}")
-        temperature = float(number(f"{prefix}temperature", fallback.temperature)) if flag(sample_key) else 0.0
-        top_p = float(number(f"{prefix}top_p", fallback.top_p))
-        try:
-            return SamplingParams(temperature=temperature, top_k=int(top_k), top_p=top_p)
-        except ValueError as error:  # its message starts with the parameter's name
-            raise ValueError(f"generation_config.json: {prefix}{error}") from None
-
-    talker = sampling("do_sample", "", defaults.talker)
-    predictor = sampling("subtalker_dosample", "subtalker_", defaults.predictor)
-    try:
-        return GenerationParams(talker=talker, predictor=predictor,
-                                repetition_penalty=float(number("repetition_penalty", defaults.repetition_penalty)))
-    except ValueError as error:  # its message starts with the parameter's name
-        raise ValueError(f"generation_config.json: {error}") from None
