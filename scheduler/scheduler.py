@@ -438,9 +438,14 @@ class Scheduler:
         """Preempt stalled requests (waiting for text or for their reader), newest admission first, until a
         slot and `num_blocks` are free or none is left: a request that cannot go on gives its capacity to one
         that can, and takes it back, recomputed, once it can go on."""
-        preempted = []
+        preempted: list[FreedItem] = []
         stalled = [request for request in self._admitted if not request.is_ready_to_decode]
-        while stalled and not (self._slots.can_allocate() and self._blocks.can_allocate(num_blocks)):
+        # Only when giving everything back would be enough: a preemption that admits nobody costs a recompute.
+        num_free_slots = self._slots.num_free_slots + len(stalled)
+        num_free_blocks = self._blocks.num_free_blocks + sum(len(request.block_ids) for request in stalled)
+        if num_free_slots < 1 or num_free_blocks < num_blocks:
+            return preempted
+        while not (self._slots.can_allocate() and self._blocks.can_allocate(num_blocks)):
             preempted.append(self._preempt(stalled.pop()))
         return preempted
 

@@ -85,6 +85,23 @@ def test_preempted_requests_that_wait_for_their_client_take_no_waiting_place() -
         scheduler.add(make_request("ordinary-3"))
 
 
+def test_no_stalled_request_is_preempted_when_all_of_them_would_not_make_room() -> None:
+    # A running request holds part of the KV: even with both stalled requests' KV back, the long prompt would
+    # not fit, so neither is made to recompute for nothing.
+    scheduler = Scheduler(make_config(max_running=3, num_kv_blocks=12))
+    for index in range(2):
+        scheduler.add(make_request(f"trickle-{index}", max_frames=8, is_text_closed=False, num_text_tokens=2))
+    scheduler.add(make_request("running", max_frames=30))
+    for _ in range(4):
+        run_step(scheduler)
+    stalled_blocks = sum(len(scheduler.requests[f"trickle-{index}"].block_ids) for index in range(2))
+    scheduler.add(make_request("too-long", num_prompt_positions=40, max_frames=4))
+    assert scheduler.num_kv_blocks_total - scheduler.num_kv_blocks_used + stalled_blocks < 11  # 41 positions
+    output, _ = run_step(scheduler)
+    assert output.preempted == () and output.prefills == ()
+    assert scheduler.num_parked == 2
+
+
 def test_stalled_requests_keep_their_slots_while_nobody_waits() -> None:
     scheduler = full_of_stalled_requests()
     for _ in range(3):
