@@ -157,6 +157,39 @@ def test_a_request_parked_for_text_does_not_hold_up_the_others(tiny_models) -> N
     assert parked_summary.finish_reason is FinishReason.LENGTH and parked_summary.num_frames == 12
 
 
+def test_a_stream_whose_text_ran_dry_gives_its_slot_away_and_resumes_with_the_whole_text_codes(tiny_models) -> None:
+    """One slot: the waiting request takes it from the stalled stream, which later resumes, recomputed, and
+    says exactly what it would have said had it never stopped."""
+    model = tiny_models["custom_voice"]
+    text = "Hello there, my friend."
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=14, min_new_frames=14)
+    synthesis = SynthesisInput(text, "english", "ryan")
+    other_params = replace(params, max_new_frames=6, min_new_frames=6)
+
+    async def scenario():
+        engine = make_engine(model, max_running=1, num_slots=1)
+        engine.start()
+        stalled = await engine.submit(SynthesisRequest("open", replace(synthesis, text=""), params,
+                                                       is_text_open=True))
+        engine.append_text("open", "Hello there, ")
+        first = await anext(stalled)  # it has spoken, and will stop for lack of text
+        other = await engine.submit(SynthesisRequest("other", SynthesisInput("Good morning.", "auto", "eric"),
+                                                     other_params))
+        _, other_summary = await other.collect()
+        num_preemptions = engine.scheduler.num_preemptions_total
+        engine.append_text("open", "my friend.")
+        engine.close_text("open")
+        rest = [chunk async for chunk in stalled]
+        await engine.stop()
+        return first, rest, stalled.summary, other_summary, num_preemptions
+
+    first, rest, summary, other_summary, num_preemptions = asyncio.run(scenario())
+    assert num_preemptions >= 1 and other_summary.num_frames == 6
+    assert torch.equal(torch.from_numpy(summary.codes), eager_codes(model, [(synthesis, params)])[0])
+    waveform = np.concatenate([first.samples, *(chunk.samples for chunk in rest)])
+    assert np.abs(waveform - one_shot_audio(model, summary.codes)).max() <= 1e-4
+
+
 def test_abort_mid_stream_ends_that_stream_and_frees_its_memory(tiny_models) -> None:
     model = tiny_models["custom_voice"]
     long_params = GenerationParams(max_new_frames=200, min_new_frames=200, seed=1)
