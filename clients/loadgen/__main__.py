@@ -25,7 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rpc", choices=("online", "streaming", "mixed"), default="mixed",
                         help="SynthesizeOnline, StreamingSynthesize, or a random mix")
     parser.add_argument("--speaker", default="ryan")
-    parser.add_argument("--language", default="english")
+    parser.add_argument("--language", choices=("english", "chinese"),
+                        help="only texts in this language (default: the whole set, each in its own language)")
     parser.add_argument("--encoding", default="pcm16")
     parser.add_argument("--sample-rate", type=int, default=0, help="0: the model's 24000 Hz")
     parser.add_argument("--max-audio-seconds", type=float, help="cap on each request's audio (default: none)")
@@ -41,8 +42,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace) -> dict:
-    planned = poisson_schedule(args.rate, args.duration, args.rpc, args.seed, args.max_audio_seconds)
-    settings = RequestSettings(voice=Voice(speaker=args.speaker, language=args.language),
+    planned = poisson_schedule(args.rate, args.duration, args.rpc, args.seed, args.max_audio_seconds, args.language)
+    settings = RequestSettings(voice=Voice(speaker=args.speaker),
                                audio_format=AudioFormat(args.encoding, args.sample_rate),
                                generation=Generation(temperature=args.temperature, seed=args.seed),
                                fragment_interval_s=args.fragment_interval, timeout_s=args.timeout)
@@ -55,7 +56,7 @@ async def _run(args: argparse.Namespace) -> dict:
     return {"benchmark": "loadgen", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "server": args.server,
             "command": " ".join(["python -m clients.loadgen", *sys.argv[1:]]),
             "settings": {"rate": args.rate, "duration_s": args.duration, "rpc": args.rpc, "seed": args.seed,
-                         "encoding": args.encoding, "sample_rate": args.sample_rate,
+                         "language": args.language, "encoding": args.encoding, "sample_rate": args.sample_rate,
                          "fragment_interval_s": args.fragment_interval, "max_audio_seconds": args.max_audio_seconds},
             "schedule": [asdict(request) for request in planned], "wall_s": wall_s,
             "summary": summarize(records, wall_s), "requests": [asdict(record) for record in records]}

@@ -12,7 +12,7 @@ import grpc
 
 from clients.loadgen.schedule import PlannedRequest, text_fragments
 from clients.qwen3_tts_client import AsyncTtsClient, AudioFormat, Generation, Voice
-from observability.playback import ChunkArrival, Underruns, underruns
+from observability.playback import ChunkArrival, Underruns, continuity_underruns, underruns
 
 
 @dataclass(frozen=True)
@@ -28,16 +28,19 @@ class RequestSettings:
 class RequestRecord:
     index: int
     rpc: str
+    language: str
     text_chars: int
     scheduled_s: float
     start_lag_s: float  # how late the generator sent it
+    finished_s: float  # after the run's start (sent at scheduled_s + start_lag_s), whatever the status
     status: str  # "OK" or the gRPC status code's name
     time_to_first_audio_s: float | None
     end_to_end_s: float | None
     audio_s: float
     realtime_factor: float | None
     num_chunks: int
-    underruns: Underruns
+    underruns: Underruns  # strict: playback from the first chunk, late against that fixed schedule
+    continuity_underruns: Underruns  # only pauses in playback longer than 100 ms
     finish_reason: str
 
 
@@ -58,16 +61,17 @@ async def timed_request(client: AsyncTtsClient, request: PlannedRequest, setting
                         start_lag_s: float) -> RequestRecord:
     generation = replace(settings.generation, max_audio_seconds=request.max_audio_seconds,
                          seed=(settings.generation.seed or 0) + request.index)
+    voice = replace(settings.voice, language=request.language)
     started = time.perf_counter()
     first_text_sent: list[float] = []
     if request.rpc == "online":
         first_text_sent.append(started)
-        call = client.synthesize_online(request.text, settings.voice, settings.audio_format, generation,
+        call = client.synthesize_online(request.text, voice, settings.audio_format, generation,
                                         timeout=settings.timeout_s)
     else:
         call = client.streaming_synthesize(_paced(text_fragments(request.text), settings.fragment_interval_s,
                                                   first_text_sent),
-                                           settings.voice, settings.audio_format, generation,
+                                           voice, settings.audio_format, generation,
                                            timeout=settings.timeout_s)
     arrivals: list[ChunkArrival] = []
     completion: Any = None
@@ -103,7 +107,10 @@ def _record(request: PlannedRequest, start_lag_s: float, status: str, started: f
         type(completion).DESCRIPTOR.fields_by_name["finish_reason"].enum_type.values_by_number[
             completion.finish_reason].name.removeprefix("FINISH_REASON_").lower()
     return RequestRecord(
-        index=request.index, rpc=request.rpc, text_chars=len(request.text), scheduled_s=request.start_s,
-        start_lag_s=start_lag_s, status=status, time_to_first_audio_s=first_audio, end_to_end_s=end_to_end,
+        index=request.index, rpc=request.rpc, language=request.language, text_chars=len(request.text),
+        scheduled_s=request.start_s, start_lag_s=start_lag_s,
+        finished_s=request.start_s + start_lag_s + ended - started, status=status,
+        time_to_first_audio_s=first_audio, end_to_end_s=end_to_end,
         audio_s=audio_s, realtime_factor=end_to_end / audio_s if end_to_end is not None and audio_s > 0 else None,
-        num_chunks=len(arrivals), underruns=underruns(arrivals), finish_reason=finish_reason)
+        num_chunks=len(arrivals), underruns=underruns(arrivals), continuity_underruns=continuity_underruns(arrivals),
+        finish_reason=finish_reason)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from clients.loadgen.__main__ import main as loadgen_main
-from clients.loadgen.report import percentile
-from clients.loadgen.schedule import poisson_schedule
-from observability.playback import ChunkArrival, underruns
+from clients.loadgen.report import peak_in_flight, percentile
+from clients.loadgen.run import RequestRecord
+from clients.loadgen.schedule import poisson_schedule, texts
+from observability.playback import ChunkArrival, Underruns, continuity_underruns, underruns
 from tests.service.helpers import RunningServer
 
 
@@ -31,6 +33,74 @@ def test_a_chunk_is_late_by_how_long_after_its_playback_time_it_arrived() -> Non
     assert late.num_late_chunks == 2
     assert late.total_s == pytest.approx(0.2 + 0.3) and late.max_s == pytest.approx(0.3)
     assert underruns([]).num_late_chunks == 0
+
+
+def test_the_text_set_is_large_mostly_english_and_spread_from_short_to_long() -> None:
+    shipped = texts()
+    assert len(shipped) >= 500 and len({text.text for text in shipped}) == len(shipped)
+    assert {text.language for text in shipped} == {"english", "chinese"}
+    assert 0.15 <= sum(text.language == "chinese" for text in shipped) / len(shipped) <= 0.20
+    words = [len(text.text.split()) for text in shipped if text.language == "english"]
+    han = [len(re.findall(r"[\u4e00-\u9fff]", text.text)) for text in shipped if text.language == "chinese"]
+    assert min(words) == 3 and max(words) <= 40 and min(han) >= 3 and max(han) <= 60
+    # Spread, not just bounds: a fair share of short replies and of long explanations in each language.
+    assert sum(w <= 6 for w in words) >= 20 and sum(w >= 25 for w in words) >= 20
+    assert sum(c <= 8 for c in han) >= 10 and sum(c >= 30 for c in han) >= 10
+
+
+def test_the_same_seed_picks_the_same_texts_from_across_the_set() -> None:
+    def picks(seed: int, language: str | None = None) -> list[tuple[str, str]]:
+        return [(r.text, r.language) for r in poisson_schedule(50, 40, "mixed", seed=seed, language=language)]
+
+    first = picks(7)
+    assert first == picks(7) and first != picks(8)
+    assert len(set(first)) > 300 and {language for _, language in first} == {"english", "chinese"}
+    assert {language for _, language in picks(7, "chinese")} == {"chinese"}
+    with pytest.raises(ValueError, match="no texts"):
+        poisson_schedule(1, 1, "mixed", seed=0, language="klingon")
+
+
+def test_chinese_texts_ask_for_audio_at_a_mandarin_speaking_rate() -> None:
+    # 4.5 characters a second: at the English rate a Chinese sentence would be cut to a third of its length.
+    for request in poisson_schedule(20, 5, "mixed", seed=1, language="chinese"):
+        assert request.max_audio_seconds == pytest.approx(max(0.16, len(request.text) / 4.5))
+
+
+def test_a_60_ms_gap_is_a_strict_underrun_but_not_over_the_100_ms_threshold() -> None:
+    # The chunk at offset 0.5 s is due at 1.5 and arrives at 1.56: playback pauses for 60 ms.
+    timeline = [ChunkArrival(1.0, 0.0), ChunkArrival(1.56, 0.5), ChunkArrival(2.06, 1.0)]
+    assert underruns(timeline).num_late_chunks == 2  # the third chunk is late against the first schedule
+    assert continuity_underruns(timeline) == Underruns(0, 0.0, 0.0)
+
+
+def test_a_150_ms_gap_is_an_underrun_both_ways() -> None:
+    timeline = [ChunkArrival(1.0, 0.0), ChunkArrival(1.65, 0.5), ChunkArrival(2.15, 1.0)]
+    assert underruns(timeline).max_s == pytest.approx(0.15)
+    gaps = continuity_underruns(timeline)
+    assert gaps.num_late_chunks == 1 and gaps.max_s == pytest.approx(0.15) and gaps.total_s == pytest.approx(0.15)
+
+
+def test_the_threshold_applies_to_each_pause_not_to_the_accumulated_delay() -> None:
+    # Two 60 ms pauses: strictly the last chunk is 120 ms behind the first schedule, yet no pause tops 100 ms.
+    timeline = [ChunkArrival(1.0, 0.0), ChunkArrival(1.56, 0.5), ChunkArrival(2.12, 1.0)]
+    assert underruns(timeline).max_s == pytest.approx(0.12)
+    assert continuity_underruns(timeline).num_late_chunks == 0
+    assert continuity_underruns(timeline, threshold_s=0.05).total_s == pytest.approx(0.12)
+    assert continuity_underruns([]).num_late_chunks == 0
+
+
+def record(sent_s: float, finished_s: float) -> RequestRecord:
+    none = Underruns(0, 0.0, 0.0)
+    return RequestRecord(index=0, rpc="online", language="english", text_chars=1, scheduled_s=sent_s,
+                         start_lag_s=0.0, finished_s=finished_s, status="OK", time_to_first_audio_s=None,
+                         end_to_end_s=None, audio_s=0.0, realtime_factor=None, num_chunks=0, underruns=none,
+                         continuity_underruns=none, finish_reason="")
+
+
+def test_peak_in_flight_counts_overlapping_requests_only() -> None:
+    assert peak_in_flight([record(0, 3), record(1, 2), record(1.5, 4), record(3.5, 5)]) == 3
+    assert peak_in_flight([record(0, 1), record(1, 2)]) == 1  # one finishing as the next is sent
+    assert peak_in_flight([]) == 0
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -54,7 +124,8 @@ def test_a_short_open_loop_run_completes_every_scheduled_request(custom_voice_se
         assert 0 < record["time_to_first_audio_s"] < record["end_to_end_s"]
         assert record["audio_s"] > 0 and record["num_chunks"] >= 1 and record["finish_reason"] == "length"
     assert {record["rpc"] for record in requests} <= {"online", "streaming"}
-    assert summary["ttfa_ms"]["p50"] > 0 and summary["audio_s_per_wall_s"] > 0
+    assert summary["ttfa_ms"]["p50"] > 0 and summary["audio_s_per_wall_s"] > 0 and summary["peak_in_flight"] >= 1
+    assert summary["num_requests_with_gaps_over_100ms"] <= summary["num_requests_with_underruns"]
 
 
 def test_refused_requests_are_counted_by_status(custom_voice_server: RunningServer, tmp_path: Path) -> None:
