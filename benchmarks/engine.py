@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -118,10 +119,13 @@ def summarize(concurrency: int, timings: list[RequestTiming], wall_s: float) -> 
     }
 
 
-def step_summary(before: EngineStats, after: EngineStats) -> dict[str, float]:
-    """Where the engine's time went over a level: per step, in the runner and in the loop around it."""
+def step_summary(before: EngineStats, after: EngineStats) -> dict[str, Any]:
+    """Where the engine's time went over a level: per step, in the runner and in the loop around it, and with
+    the step profiler on, per phase (host phases of the loop, device_* on the GPU)."""
     num_steps = max(1, after.num_steps - before.num_steps)
-    return {"num_steps": num_steps,
+    phase_ms = {phase: (seconds - before.phase_s.get(phase, 0.0)) / num_steps * 1e3
+                for phase, seconds in after.phase_s.items()}
+    return {"num_steps": num_steps, "phase_ms_per_step": phase_ms,
             "step_ms_mean": (after.loop_s - before.loop_s) / num_steps * 1e3,
             "execute_ms_mean": (after.execute_s - before.execute_s) / num_steps * 1e3,
             "decode_batch_mean": (after.num_decoded_frames - before.num_decoded_frames) / num_steps,
@@ -137,7 +141,7 @@ async def run_benchmark(engine: Engine, levels: list[int], frame_s: float,
         summaries, timings = [], []
         for concurrency in levels:
             started = time.perf_counter()
-            before = replace(engine.stats)
+            before = replace(engine.stats, phase_s=dict(engine.stats.phase_s))
             level = await run_level(engine, concurrency, max(8, 2 * concurrency), frame_s, non_streaming_text)
             summary = summarize(concurrency, level, time.perf_counter() - started)
             summary.update(step_summary(before, engine.stats))
@@ -154,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,8,32,128")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--profile-steps", action="store_true",
+                        help="time every step's phases (host and GPU) and report them per level")
     parser.add_argument("--non-streaming-text", action="store_true",
                         help="give the talker each whole text up front (qwen-tts's default for CustomVoice)")
     args = parser.parse_args(argv)
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model, LoadOptions.default_for(args.device))
     started = time.perf_counter()
     engine = Engine.create(model, EngineConfig(max_running=max(levels), max_waiting=4 * max(levels),
-                                               max_positions_per_request=1024))
+                                               max_positions_per_request=1024, profile_steps=args.profile_steps))
     startup_s = time.perf_counter() - started
     frame_s = 1.0 / model.speech_config.frame_rate_hz
     summaries, timings = asyncio.run(run_benchmark(engine, levels, frame_s, args.non_streaming_text))
@@ -180,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{s['max_lateness_ms']:>8.1f} {s['num_requests_late']:>5} "
                         f"{s['audio_s_per_wall_s']:>10.1f} {s['step_ms_mean']:>8.1f} {s['execute_ms_mean']:>8.1f} "
                         f"{s['decode_batch_mean']:>6.1f}" for s in summaries]
+    lines += [f"{s['concurrency']:>5} phases ms/step: " + ", ".join(f"{phase} {ms:.2f}" for phase, ms in
+                                                                   s["phase_ms_per_step"].items())
+              for s in summaries if s["phase_ms_per_step"]]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

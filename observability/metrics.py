@@ -31,6 +31,7 @@ STEP_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.
                 0.5)
 GAP_BUCKETS = (0.01, 0.025, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 UNDERRUN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.012, 0.016, 0.025, 0.05, 0.1, 0.25)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 _MODES = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}
 
@@ -48,6 +49,8 @@ class StepObservation:
     num_prefills: int
     num_codec_frames: int
     step_s: float
+    # The step profiler's seconds per phase (engine loop on the host, and device time); None when it is off.
+    phases: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,13 @@ class ServiceMetrics:
                                    names, buckets=STEP_BUCKETS, registry=self.registry)
         self.batch_size = Histogram("qwen3_tts_engine_batch_size", "Requests decoding a frame in one step.",
                                     names, buckets=BATCH_BUCKETS, registry=self.registry)
+        # Only with the step profiler on (--profile-steps): where a step's time goes, and the server's own work.
+        self.step_phase_time = Histogram("qwen3_tts_engine_step_phase_seconds",
+                                         "One phase of an engine step: host phases of the loop, device_* on the GPU.",
+                                         (*names, "phase"), buckets=PHASE_BUCKETS, registry=self.registry)
+        self.server_phase_time = Histogram("qwen3_tts_server_phase_seconds",
+                                           "The server's work per audio chunk: encoding it, and writing it out.",
+                                           (*names, "phase"), buckets=PHASE_BUCKETS, registry=self.registry)
         self.requests = Counter("qwen3_tts_requests", "Finished calls by RPC, gRPC status and finish reason.",
                                 (*names, "rpc", "status", "finish_reason"), registry=self.registry)
         self.audio_seconds = Counter("qwen3_tts_audio_seconds", "Audio generated.", names, registry=self.registry)
@@ -107,10 +117,16 @@ class ServiceMetrics:
     def observe_step(self, step: StepObservation) -> None:
         labels = self._labels
         self.step_time.labels(**labels).observe(step.step_s)
+        for phase, seconds in (step.phases or {}).items():
+            self.step_phase_time.labels(**labels, phase=phase).observe(seconds)
         if step.num_decodes:
             self.batch_size.labels(**labels).observe(step.num_decodes)
         if step.num_prefills:
             self.prefills.labels(**labels).inc(step.num_prefills)
+
+    def observe_server_phase(self, phase: str, seconds: float) -> None:
+        """The step profiler's view of the server: `encode` or `write` time of one audio chunk."""
+        self.server_phase_time.labels(**self._labels, phase=phase).observe(seconds)
 
     def observe_call(self, record: CallRecord, status: str) -> None:
         """A finished call, with the name of the gRPC status it ended with."""

@@ -340,3 +340,27 @@ def test_a_passed_deadline_aborts_the_request_queued_or_decoding(tiny_models, de
         assert summary.num_frames == 0
     else:
         assert 0 < summary.num_frames < 200
+
+
+def test_the_step_profiler_times_every_phase_only_when_it_is_on(tiny_models) -> None:
+    model = tiny_models["custom_voice"]
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=6, min_new_frames=6)
+    synthesis = SynthesisInput("Good morning.", "auto", "eric")
+
+    async def run(profile_steps: bool) -> dict[str, float]:
+        config = EngineConfig(max_running=4, block_size=4, num_kv_blocks=64, max_positions_per_request=256,
+                              codec_chunk_schedule=(1, 2, 4), profile_steps=profile_steps)
+        engine = Engine.create(model, config)
+        engine.start()
+        await (await engine.submit(SynthesisRequest("profiled", synthesis, params))).collect()
+        await engine.stop()
+        return engine.stats.phase_s
+
+    assert asyncio.run(run(profile_steps=False)) == {}
+    phases = asyncio.run(run(profile_steps=True))
+    host = {"schedule", "plan", "codec_and_delivery", "frames", "update"}
+    device = {"device_prefill_inputs", "device_prefill", "device_decode", "device_copy", "device_codec"}
+    assert set(phases) == host | device
+    assert all(seconds > 0 for seconds in phases.values())
+    # The device's frame work happens inside the loop's wait for the frames.
+    assert phases["device_decode"] + phases["device_prefill"] <= phases["frames"]

@@ -76,3 +76,12 @@ def test_tracing_settings_this_server_cannot_honour_are_refused_naming_the_varia
                                                                                    variable: str) -> None:
     with pytest.raises(ConfigError, match=variable):
         load_config([], environ)
+
+
+def test_the_step_profiler_is_off_unless_a_flag_or_the_environment_turns_it_on() -> None:
+    assert not load_config([], {}).engine_config().profile_steps
+    assert load_config(["--profile-steps"], {}).engine_config().profile_steps
+    assert load_config([], {"QWEN3_TTS_PROFILE_STEPS": "true"}).profile_steps
+    assert not load_config(["--no-profile-steps"], {"QWEN3_TTS_PROFILE_STEPS": "1"}).profile_steps
+    with pytest.raises(ConfigError, match="QWEN3_TTS_PROFILE_STEPS"):
+        load_config([], {"QWEN3_TTS_PROFILE_STEPS": "maybe"})

@@ -67,6 +67,7 @@ class ServerConfig:
     # Speech calls one caller (API key, or peer address without keys) may have in progress.
     max_calls_per_caller: int = _ENGINE.max_running
     max_waiting_clones: int = 8  # calls whose reference audio is being decoded and encoded, or waits to be
+    profile_steps: bool = _ENGINE.profile_steps  # the step profiler: phase times into the metrics
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
     max_unread_audio_seconds: float = _ENGINE.max_unread_audio_s
@@ -134,7 +135,8 @@ class ServerConfig:
                             max_text_chars=self.max_text_chars, max_reference_text_chars=self.max_reference_text_chars,
                             max_audio_s=self.max_audio_seconds,
                             max_reference_audio_s=self.max_reference_audio_seconds,
-                            max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks)
+                            max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks,
+                            profile_steps=self.profile_steps)
 
     def describe(self) -> str:
         """One line per setting, for the start-up log; API keys appear only as a count."""
@@ -196,7 +198,19 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("drain-timeout-seconds", float, "on SIGTERM/SIGINT, how long running calls may take to finish")
     add("log-level", str.upper, f"one of {', '.join(LOG_LEVELS)}")
     add("log-format", str.lower, "json (one object per line, with request and trace ids) or text")
+    env_name = ENV_PREFIX + "PROFILE_STEPS"
+    parser.add_argument("--profile-steps", action=argparse.BooleanOptionalAction,
+                        default=_is_true(environ.get(env_name, str(defaults.profile_steps))),
+                        help="time every engine step's phases (host and GPU) and the server's per-chunk work into "
+                             f"the metrics (qwen3_tts_*_phase_seconds); off by default [env {env_name}]")
     return parser
+
+
+def _is_true(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ConfigError(f"{ENV_PREFIX}PROFILE_STEPS: must be true or false, got {text[:20]!r}")
+    return value in ("true", "1", "yes")
 
 
 def read_api_keys(path: Path) -> frozenset[str]:

@@ -23,7 +23,7 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -290,11 +290,18 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                               record: CallRecord) -> AsyncGenerator[Any, None]:
         """The stream's audio as response messages; the last one carries the completion."""
         encoder = ChunkEncoder(output)
+        profile = self._server_phase_timer()
         async for piece in stream:
+            started = time.perf_counter()
             chunk = await run_encoder(encoder, lambda piece=piece: encoder.encode(piece.samples))
             if chunk is not None:
                 record.add_chunk(chunk.offset_seconds)
-                yield message_type(chunk=chunk)
+                message = message_type(chunk=chunk)
+                encoded = time.perf_counter()
+                yield message
+                if profile is not None:  # the yield returns once gRPC has taken the message
+                    profile("encode", encoded - started)
+                    profile("write", time.perf_counter() - encoded)
         summary = stream.summary
         assert summary is not None
         last = message_type(completion=self._completion(summary))
@@ -376,6 +383,12 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         if record.request_id in self._limited_by_server:
             return call_too_long_error(self.config)
         return ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed before its audio was done")
+
+    def _server_phase_timer(self) -> Callable[[str, float], None] | None:
+        """With the step profiler on and metrics kept: records the server's own work per chunk."""
+        if self.metrics is None or not self.config.profile_steps:
+            return None
+        return self.metrics.observe_server_phase
 
     def _completion(self, summary: SynthesisSummary) -> Any:
         model = self._engine().model_info

@@ -50,6 +50,8 @@ class EngineConfig:
     prefill_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256)
     use_cuda_graphs: bool = True
     use_fused_kernels: bool = True
+    # -- the step profiler --
+    profile_steps: bool = False  # host and device time per phase of every step, into stats and metrics
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_waiting", "max_text_chars", "max_reference_text_chars"):
@@ -85,7 +87,7 @@ class EngineConfig:
             use_cuda_graphs=self.use_cuda_graphs, use_fused_kernels=self.use_fused_kernels,
             codec_graph_chunk_sizes=self.codec_chunk_schedule,
             prefill_graph_batch_sizes=self.prefill_graph_batch_sizes,
-            prefill_graph_lengths=self.prefill_graph_lengths)
+            prefill_graph_lengths=self.prefill_graph_lengths, profile_steps=self.profile_steps)
 
     def scheduler_config(self, num_kv_blocks: int, frame_rate_hz: float) -> SchedulerConfig:
         """The scheduler's settings once the runner has allocated `num_kv_blocks`."""

@@ -54,6 +54,9 @@ class EngineStats:
     execute_s: float = 0.0  # in the runner (worker thread), GPU work included
     loop_s: float = 0.0  # in the loop between schedule() and the end of fan-out, execute_s included
     last_step_s: float = 0.0
+    # With the step profiler on: seconds per phase, host ("schedule", "plan", "codec_and_delivery", "frames",
+    # "update") and device ("device_prefill", "device_decode", "device_codec", ...), summed over steps.
+    phase_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -357,16 +360,25 @@ class Engine:
                 if output.is_empty:
                     await self._sleep_until_work()
                     continue
+                scheduled = time.perf_counter()
                 work = self._plan(output)
-                execute_started = time.perf_counter()
+                planned = time.perf_counter()
                 done, audio_time = StepDone(), None
                 if work.restarts or work.chunks:
                     done = await loop.run_in_executor(self._executor, decode_audio, self.runner, work)
                     audio_time = self._deliver_audio(output, done)
+                audio_done = time.perf_counter()
                 done = await loop.run_in_executor(self._executor, compute_frames, self.runner, work, done)
-                execute_s = time.perf_counter() - execute_started
+                computed = time.perf_counter()
                 self._apply(output, done, audio_time)
-                self._count(output, execute_s, time.perf_counter() - started)
+                applied = time.perf_counter()
+                phases = None
+                if self.runner.timer is not None:  # the step profiler: host phases, then the device's
+                    phases = {"schedule": scheduled - started, "plan": planned - scheduled,
+                              "codec_and_delivery": audio_done - planned, "frames": computed - audio_done,
+                              "update": applied - computed}
+                    phases |= {f"device_{name}": seconds for name, seconds in self.runner.timer.take().items()}
+                self._count(output, computed - planned, applied - started, phases)
         except Exception:
             logger.exception("the engine loop failed; every live request ends with an error")
             raise
@@ -374,9 +386,11 @@ class Engine:
             for live in list(self._live.values()):
                 self._end(live, FinishReason.ERROR, error="the engine stopped")
 
-    def _count(self, output: SchedulerOutput, execute_s: float, loop_s: float) -> None:
+    def _count(self, output: SchedulerOutput, execute_s: float, loop_s: float,
+               phases: dict[str, float] | None) -> None:
         step = StepObservation(num_decodes=len(output.decodes), num_prefills=len(output.prefills),
-                               num_codec_frames=sum(chunk.num_frames for chunk in output.codec_chunks), step_s=loop_s)
+                               num_codec_frames=sum(chunk.num_frames for chunk in output.codec_chunks), step_s=loop_s,
+                               phases=phases)
         stats = self.stats
         stats.num_steps += 1
         stats.num_decoded_frames += step.num_decodes
@@ -385,6 +399,8 @@ class Engine:
         stats.execute_s += execute_s
         stats.loop_s += loop_s
         stats.last_step_s = loop_s
+        for phase, seconds in (phases or {}).items():
+            stats.phase_s[phase] = stats.phase_s.get(phase, 0.0) + seconds
         for observer in self._step_observers:
             observer(step)
 

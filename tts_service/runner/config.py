@@ -27,6 +27,7 @@ class RunnerConfig:
     # lengths, replay a captured talker prefill; larger ones run eagerly.
     prefill_graph_batch_sizes: tuple[int, ...]
     prefill_graph_lengths: tuple[int, ...]
+    profile_steps: bool  # device time per phase of every step (PhaseTimer); costs a few events per step
 
     def __post_init__(self) -> None:
         if self.max_num_slots < 1:

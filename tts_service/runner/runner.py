@@ -26,6 +26,7 @@ from tts_service.runner.config import RunnerConfig
 from tts_service.runner.frame_step import FrameSampler, PredictorCache, SlotState
 from tts_service.runner.kv_cache import PagedDecodeBackend, PagedKVCache, PagedPrefillBackend, validate_host_metadata
 from tts_service.runner.params import GenerationParams
+from tts_service.runner.timing import PhaseTimer
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ class ModelRunner:
         self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
         if self.uses_graphs:
             self._capture_graphs()
+        self.timer = PhaseTimer(self.device) if config.profile_steps else None
 
     # -- sizing -------------------------------------------------------------------------------
 
@@ -357,16 +359,27 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> StepOutput:
+        timer = self.timer
+        if timer is not None:
+            timer.start()
         prefills, embeds, failed = self._prefill_inputs(step.prefills)
         produced = []
         if prefills:
+            if timer is not None:
+                timer.mark("prefill_inputs")
             produced.append(self._prefill(prefills, embeds))
+            if timer is not None:
+                timer.mark("prefill")
         if step.decodes:
             produced.append(self._decode(step.decodes))
+            if timer is not None:
+                timer.mark("decode")
         if not produced:
             empty = np.zeros((0, self.num_groups), dtype=np.int64)
             return StepOutput(empty, empty, failed)
         frames = torch.cat(produced).cpu().numpy()  # the step's one device-to-host copy
+        if timer is not None:
+            timer.mark("copy")
         return StepOutput(frames[:len(prefills)], frames[len(prefills):], failed)
 
     def _prefill_inputs(self, items: tuple[PrefillInput, ...]
@@ -401,6 +414,14 @@ class ModelRunner:
     @torch.inference_mode()
     def decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
         """Decode the next `codes` [n, T, G] of each slot's audio stream -> float32 samples [n, T * spf]."""
+        if self.timer is None:
+            return self._decode_audio(slots, codes)
+        self.timer.start()
+        audio = self._decode_audio(slots, codes)
+        self.timer.mark("codec")  # its copy to the host has already waited for the device
+        return audio
+
+    def _decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
         # Checked on the host: an out-of-range code would be a device-side assert, which poisons
         # the whole CUDA context instead of failing one request.
         codebook_size = self.model.codec_decoder.config.codebook_size
