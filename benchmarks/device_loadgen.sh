@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The service's benchmark of record on a GPU machine with no network: the real gRPC server on random
 # 1.7B weights, driven by the open-loop load generator at several request rates.
-#     bash benchmarks/device_loadgen.sh OUT_DIR [RATES] [SECONDS_PER_RATE]
+#     bash benchmarks/device_loadgen.sh OUT_DIR [RATES] [SECONDS_PER_RATE] [SERVER_FLAG ...]
+# (extra server flags, e.g. --profile-steps, are passed to the server as they are)
 # Wheels the machine lacks travel in .whl/ (fetched here by benchmarks/fetch_wheels.sh): .whl/site (audio libraries), .whl/otel (OpenTelemetry) and
 # .whl/grpc (grpcio-tools, health checking, reflection, status and the protobuf they were built against).
 # The server runs as in production, with its metrics endpoint on; the last scrape is kept.
@@ -15,7 +16,7 @@ export PYTHONPATH="$PWD:$PWD/proto:/tmp/site" PYTHONUNBUFFERED=1
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.csv"
 port=50151
-python3 -m tts_service --model random:1.7b-custom_voice --port "$port" --host 127.0.0.1 --metrics-port 9464 \
+python3 -m tts_service --model random:1.7b-custom_voice --port "$port" --host 127.0.0.1 --metrics-port 9464 "${@:4}" \
     > "$out/server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
