@@ -249,11 +249,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def Synthesize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self._call("Synthesize", context) as record:
-            engine = self._engine()
-            prepared = await self._prepare(record, request.text, request.voice, request.generation,
-                                           request.audio_format)
-            stream = await self._submit(engine, prepared, record, context, is_text_open=False,
-                                        max_seconds=self.config.max_stream_seconds)
+            engine, prepared, stream = await self._start_whole_text(record, request, context)
             try:
                 waveform, summary = await stream.collect()
             finally:
@@ -272,11 +268,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def SynthesizeOnline(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with self._call("SynthesizeOnline", context) as record:
-            engine = self._engine()
-            prepared = await self._prepare(record, request.text, request.voice, request.generation,
-                                           request.audio_format)
-            stream = await self._submit(engine, prepared, record, context, is_text_open=False,
-                                        max_seconds=self.config.max_stream_seconds)
+            engine, prepared, stream = await self._start_whole_text(record, request, context)
             try:
                 async for message in self._audio_messages(stream, prepared.output, pb.SynthesizeOnlineResponse,
                                                           record):
@@ -322,8 +314,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             started = time.monotonic()
             config = await first_config(request_iterator, self.config)
             prepared = await self._prepare(record, "", config.voice, config.generation, config.audio_format)
-            stream = await self._submit(engine, prepared, record, context, is_text_open=True,
-                                  max_seconds=self.config.max_stream_seconds)
+            stream = await self._submit(engine, prepared, record, context, is_text_open=True)
             call = TextCall(self.config, engine, record, started)
             audio = self._audio_messages(stream, prepared.output, pb.StreamingSynthesizeResponse, record)
             async for message in call.responses(request_iterator, audio):
@@ -363,14 +354,20 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             self._num_clones_in_progress -= 1
             record.voice_clone = (started, time.monotonic())
 
+    async def _start_whole_text(self, record: CallRecord, request: Any, context: grpc.aio.ServicerContext
+                                ) -> tuple[Engine, PreparedRequest, RequestStream]:
+        """A Synthesize or SynthesizeOnline request, checked and queued."""
+        engine = self._engine()
+        prepared = await self._prepare(record, request.text, request.voice, request.generation, request.audio_format)
+        return engine, prepared, await self._submit(engine, prepared, record, context, is_text_open=False)
+
     async def _submit(self, engine: Engine, prepared: PreparedRequest, record: CallRecord,
-                context: grpc.aio.ServicerContext, is_text_open: bool,
-                max_seconds: float | None = None) -> RequestStream:
-        """Queue the request; its engine deadline is the call's deadline (or the stream's limit), if any."""
+                      context: grpc.aio.ServicerContext, is_text_open: bool) -> RequestStream:
+        """Queue the request; its engine deadline is the call's deadline or the server's limit, the sooner."""
         remaining_s = context.time_remaining()
-        limits = [seconds for seconds in (remaining_s, max_seconds) if seconds is not None]
-        deadline = engine.deadline_in(min(limits)) if limits else None
-        if max_seconds is not None and (remaining_s is None or max_seconds < remaining_s):
+        max_seconds = self.config.max_stream_seconds
+        deadline = engine.deadline_in(max_seconds if remaining_s is None else min(remaining_s, max_seconds))
+        if remaining_s is None or max_seconds < remaining_s:
             self._limited_by_server.add(prepared.request_id)
         stream = await engine.submit(SynthesisRequest(prepared.request_id, prepared.synthesis, prepared.params,
                                                 is_text_open=is_text_open, deadline=deadline))
