@@ -25,6 +25,7 @@ from tts_service.model.checkpoint import LoadedModel
 from tts_service.runner.runner import PrefillInput
 
 LONG = Generation(temperature=0.0, max_audio_seconds=4.0)  # 50 frames: several seconds on a CPU
+LONGEST = Generation(temperature=0.0, max_audio_seconds=12.0)
 SHORT = Generation(temperature=0.0, max_audio_seconds=0.24)
 FAILING_SEED = 666  # the seed that marks the request whose step input the fault breaks
 
@@ -38,7 +39,7 @@ def one_slot_server(tiny_models: dict[str, LoadedModel]) -> Iterator[RunningServ
 
 @pytest.fixture(scope="module")
 def roomy_server(tiny_models: dict[str, LoadedModel]) -> Iterator[RunningServer]:
-    running = start_server(tiny_models["custom_voice"], max_concurrent=4, max_waiting=8, max_audio_seconds=4.0)
+    running = start_server(tiny_models["custom_voice"], max_concurrent=4, max_waiting=8, max_audio_seconds=12.0)
     yield running
     running.stop()
 
@@ -99,7 +100,8 @@ def test_a_deadline_passing_during_the_prefill_ends_the_call_and_frees_the_reque
 def test_a_deadline_passing_while_decoding_ends_the_stream_after_its_first_audio(
         roomy_server: RunningServer) -> None:
     with roomy_server.client() as client:
-        responses = client.synthesize_online("Talk past my deadline.", RYAN, generation=LONG, timeout=1.0)
+        # 150 frames: longer than the deadline even where a step takes only a few milliseconds.
+        responses = client.synthesize_online("Talk past my deadline.", RYAN, generation=LONGEST, timeout=1.0)
         num_chunks = 0
         with pytest.raises(grpc.RpcError) as caught:
             for message in responses:
