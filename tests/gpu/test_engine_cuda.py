@@ -1,5 +1,5 @@
-"""On a GPU: the engine, with the codec on its own stream beside the frame step, gives the eager path's codes,
-and audio that decodes them (fp32, tiny model, graphs captured)."""
+"""On a GPU: the engine, graphs captured, gives the eager path's codes, and audio that decodes them (fp32, tiny
+model)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tts_service.model.checkpoint import LoadOptions, load_model
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def test_the_engine_on_a_gpu_overlapping_codec_and_frames_gives_the_eager_codes_and_their_audio() -> None:
+def test_the_engine_on_a_gpu_gives_the_eager_codes_and_their_audio() -> None:
     model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
     requests = mixed_requests(12)
     config = EngineConfig(max_running=8, block_size=16, num_kv_blocks=256, max_positions_per_request=512,
@@ -26,7 +26,7 @@ def test_the_engine_on_a_gpu_overlapping_codec_and_frames_gives_the_eager_codes_
 
     async def run() -> list[tuple[np.ndarray, object]]:
         engine = Engine.create(model, config)
-        assert engine.runner.codec_stream is not None and engine.runner.uses_graphs
+        assert engine.runner.uses_graphs
         engine.start()
         streams = [await engine.submit(SynthesisRequest(f"r{index}", synthesis, params))
                    for index, (synthesis, params) in enumerate(requests)]
@@ -40,7 +40,7 @@ def test_the_engine_on_a_gpu_overlapping_codec_and_frames_gives_the_eager_codes_
         with torch.inference_mode():
             codes = torch.from_numpy(summary.codes).to("cuda").T[None]
             one_shot = model.codec_decoder(codes)[0, 0].float().cpu().numpy() if len(summary.codes) else np.zeros(0)
-        # TF32 convolutions round differently for different chunk shapes; memory shared wrongly between the two
-        # streams would be off by far more.
+        # TF32 convolutions round differently for different chunk shapes; a wrong codec state would be off by
+        # far more.
         assert waveform.shape == one_shot.shape
         assert np.abs(waveform - one_shot).max() < 1e-2

@@ -124,7 +124,6 @@ class Engine:
         self._live: dict[str, _Live] = {}
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-runner")
-        self._codec_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-codec")
         # One cloning at a time: the encoders are heavy and share the device with the runner.
         self._clone_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-clone")
         # One tokenization at a time: requests are queued in the order their text was tokenized.
@@ -174,7 +173,6 @@ class Engine:
             await self._task
             self._task = None
         self._executor.shutdown(wait=True)
-        self._codec_executor.shutdown(wait=True)
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
         self._prompt_executor.shutdown(wait=False, cancel_futures=True)
 
@@ -365,15 +363,12 @@ class Engine:
                 scheduled = time.perf_counter()
                 work = self._plan(output)
                 planned = time.perf_counter()
-                # The codec and the frame step run side by side (two threads, two CUDA streams); the audio
-                # is handed to its listeners as soon as it is ready, while the frames are still computing.
-                frames = loop.run_in_executor(self._executor, compute_frames, self.runner, work)
-                audio, audio_time = StepDone(), None
+                done, audio_time = StepDone(), None
                 if work.restarts or work.chunks:
-                    audio = await loop.run_in_executor(self._codec_executor, decode_audio, self.runner, work)
-                    audio_time = self._deliver_audio(output, audio)
+                    done = await loop.run_in_executor(self._executor, decode_audio, self.runner, work)
+                    audio_time = self._deliver_audio(output, done)
                 audio_done = time.perf_counter()
-                done = (await frames).merged_with(audio)
+                done = await loop.run_in_executor(self._executor, compute_frames, self.runner, work, done)
                 computed = time.perf_counter()
                 self._apply(output, done, audio_time)
                 applied = time.perf_counter()
@@ -382,7 +377,7 @@ class Engine:
                     phases = {"schedule": scheduled - started, "plan": planned - scheduled,
                               "codec_and_delivery": audio_done - planned, "frames": computed - audio_done,
                               "update": applied - computed}
-                    phases |= {f"device_{name}": seconds for name, seconds in self.runner.take_phase_times().items()}
+                    phases |= {f"device_{name}": seconds for name, seconds in self.runner.timer.take().items()}
                 self._count(output, computed - planned, applied - started, phases)
         except Exception:
             logger.exception("the engine loop failed; every live request ends with an error")

@@ -56,17 +56,13 @@ class StepDone:
     audio: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)  # (request id, first frame) -> samples
     errors: dict[str, str] = field(default_factory=dict)
 
-    def merged_with(self, other: StepDone) -> StepDone:
-        """This step's frames with the audio decoded beside them (an error from either side counts)."""
-        return StepDone(frames={**self.frames, **other.frames}, audio={**self.audio, **other.audio},
-                        errors={**other.errors, **self.errors})
-
 
 def decode_audio(runner: ModelRunner, work: StepWork) -> StepDone:
     """The step's codec work (restarts, then chunks of frames from earlier steps).
 
-    It runs beside the frame step (the engine's codec thread, the runner's codec stream), so that its
-    audio reaches the listeners while the frames are computed and the device is kept busy with both.
+    It runs before the frame step so that its audio can reach the listeners while the frames
+    are computed: a new request's first chunk then waits for its codec chunk alone, not for the
+    next decode step as well.
     """
     done = StepDone()
     _restart_audio(runner, work.restarts, done)
@@ -74,9 +70,8 @@ def decode_audio(runner: ModelRunner, work: StepWork) -> StepDone:
     return done
 
 
-def compute_frames(runner: ModelRunner, work: StepWork) -> StepDone:
-    """The step's prefills and decodes; a failure is charged to its requests, never raised."""
-    done = StepDone()
+def compute_frames(runner: ModelRunner, work: StepWork, done: StepDone) -> StepDone:
+    """The step's prefills and decodes, added to `done`; a failure is charged to its requests, never raised."""
     if work.step.prefills or work.step.decodes:
         try:
             output = runner.execute(work.step)

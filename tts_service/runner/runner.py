@@ -9,10 +9,8 @@ captured batch size), then copy every produced frame to the host in one transfer
 from __future__ import annotations
 
 import bisect
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -162,13 +160,7 @@ class ModelRunner:
         self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
         if self.uses_graphs:
             self._capture_graphs()
-        # Audio decoding runs on its own stream (and its own thread, the engine's) beside the frame step: the two
-        # touch different state (codec rows against slot and KV state), so the device can run them together.
-        self.codec_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        if self.codec_stream is not None:
-            self.codec_stream.wait_stream(torch.cuda.current_stream(self.device))  # the state it starts from
         self.timer = PhaseTimer(self.device) if config.profile_steps else None
-        self.codec_timer = PhaseTimer(self.device) if config.profile_steps else None
 
     # -- sizing -------------------------------------------------------------------------------
 
@@ -240,17 +232,14 @@ class ModelRunner:
 
     def _capture_graphs(self) -> None:
         pool = torch.cuda.graph_pool_handle()
-        # The codec's graphs replay on their own stream while the frame step's replay: a memory pool of their
-        # own, so that neither reuses memory the other is still using.
-        codec_pool = torch.cuda.graph_pool_handle()
         self.decode_backend.set_metadata(torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int64))
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
 
-        def capture(step: Callable[[], None], graph_pool: Any = pool) -> torch.cuda.CUDAGraph:
+        def capture(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
             step()  # warm-up: lazy initialisation stays out of the graph
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=graph_pool, stream=stream):
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
                 step()
             return graph
 
@@ -260,7 +249,7 @@ class ModelRunner:
                 self.first_frame.graphs[batch] = capture(lambda b=batch: self._first_frame_step(b))
                 for num_frames in self.config.codec_graph_chunk_sizes:
                     self.codec.graphs[(batch, num_frames)] = capture(
-                        lambda b=batch, t=num_frames: self._codec_step(b, t), codec_pool)
+                        lambda b=batch, t=num_frames: self._codec_step(b, t))
             for batch in self.prefill_batch_buckets:
                 for length in self.prefill_length_buckets:
                     self.prefill.graphs[(batch, length)] = capture(lambda b=batch, t=length: self._prefill_step(b, t))
@@ -418,33 +407,19 @@ class ModelRunner:
         for target, source in zip(self.codec_state.tensors(), rows.tensors(), strict=True):
             target.index_copy_(0, slots, source)
 
-    def _on_codec_stream(self) -> contextlib.AbstractContextManager[Any]:
-        return torch.cuda.stream(self.codec_stream) if self.codec_stream is not None else contextlib.nullcontext()
-
     @torch.inference_mode()
     def reset_audio(self, slots: list[int]) -> None:
-        with self._on_codec_stream():
-            self.codec_state.reset_rows(torch.tensor(slots, dtype=torch.int64, device=self.device))
+        self.codec_state.reset_rows(torch.tensor(slots, dtype=torch.int64, device=self.device))
 
     @torch.inference_mode()
     def decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
-        """Decode the next `codes` [n, T, G] of each slot's audio stream -> float32 samples [n, T * spf].
-
-        Its device work goes on the codec stream; call it from one thread at a time (the engine's codec thread),
-        while `execute` may run in another."""
-        with self._on_codec_stream():
-            if self.codec_timer is None:
-                return self._decode_audio(slots, codes)
-            self.codec_timer.start()
-            audio = self._decode_audio(slots, codes)
-            self.codec_timer.mark("codec")  # its copy to the host has already waited for the device
-            return audio
-
-    def take_phase_times(self) -> dict[str, float]:
-        """The step profiler's device time per phase since the last call (call between steps)."""
-        if self.timer is None or self.codec_timer is None:
-            return {}
-        return self.timer.take() | self.codec_timer.take()
+        """Decode the next `codes` [n, T, G] of each slot's audio stream -> float32 samples [n, T * spf]."""
+        if self.timer is None:
+            return self._decode_audio(slots, codes)
+        self.timer.start()
+        audio = self._decode_audio(slots, codes)
+        self.timer.mark("codec")  # its copy to the host has already waited for the device
+        return audio
 
     def _decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
         # Checked on the host: an out-of-range code would be a device-side assert, which poisons
