@@ -87,6 +87,8 @@ pb: Any = tts_pb2
 REQUEST_ID_HEADER = "x-request-id"
 # How long past the server's call limit a call may stay open (only one whose writes are stuck does).
 _STUCK_CALL_GRACE_S = 5.0
+# How long a drained server waits for ended calls' last messages to reach their clients.
+_FLUSH_GRACE_S = 5.0
 _MODEL_MODES = {
     "custom_voice": pb.MODEL_MODE_CUSTOM_VOICE, "voice_design": pb.MODEL_MODE_VOICE_DESIGN,
     "base": pb.MODEL_MODE_VOICE_CLONE,
@@ -532,8 +534,11 @@ class TtsServer:
 
     async def shutdown(self) -> None:
         """Drain, stop listening (cancelling what is left), then stop the engine."""
-        await self.drain()
-        await self._server.stop(grace=None)
+        is_idle = await self.drain()
+        # A handler that has ended may still have messages in gRPC's buffers on their way to a slow reader: a
+        # short grace lets them arrive (stop returns as soon as every call is done). After a drain that ran
+        # out of time, what is left is cancelled at once.
+        await self._server.stop(grace=_FLUSH_GRACE_S if is_idle else None)
         if self._health_server is not None:
             await self._health_server.stop(grace=None)
         if self._metrics_http is not None:
