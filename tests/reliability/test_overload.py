@@ -93,8 +93,9 @@ def test_a_reader_that_stops_reading_pauses_its_request_with_bounded_audio_held(
             await anext(messages)
             # Stop reading until the request has paused; it must stay paused.
             assert await _eventually(lambda: _is_paused(engine, request_id))
-            await asyncio.sleep(0.3)  # the step in flight when it paused still adds its frame
-            frames_when_paused = engine.scheduler.requests[request_id].num_frames
+            # Settled: the step in flight when it paused adds its frame, and audio still on its way into gRPC's
+            # window (slow on a loaded machine) may let it resume briefly before the window is full.
+            frames_when_paused = await _settled_frames(engine, request_id)
             await asyncio.sleep(1.0)
             assert engine.scheduler.requests[request_id].num_frames == frames_when_paused < num_frames
             held = engine.num_unread_frames(request_id)
@@ -164,6 +165,19 @@ def test_a_client_that_sends_flushes_and_reads_nothing_is_held_back_and_loses_no
 def _is_paused(engine: Engine, request_id: str) -> bool:
     request = engine.scheduler.requests.get(request_id)
     return request is not None and request.is_output_paused
+
+
+async def _settled_frames(engine: Engine, request_id: str, quiet_s: float = 0.5, timeout_s: float = 20.0) -> int:
+    """The request's frame count once it has not changed for `quiet_s`, with the request paused."""
+    deadline = time.monotonic() + timeout_s
+    num_frames = engine.scheduler.requests[request_id].num_frames
+    while time.monotonic() < deadline:
+        await asyncio.sleep(quiet_s)
+        latest = engine.scheduler.requests[request_id].num_frames
+        if latest == num_frames and _is_paused(engine, request_id):
+            return latest
+        num_frames = latest
+    raise AssertionError(f"{request_id} did not stay paused: {num_frames} frames after {timeout_s} s")
 
 
 async def _eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
