@@ -219,9 +219,9 @@ class Scheduler:
         and clients that give up fast must not fill the queue with requests nobody waits for), and preempted
         ones that could not run anyway (their text has run dry or their reader is behind: they wait for their
         client, not for room, and clients that stall must not fill the queue either)."""
-        return sum(request.request_id not in self._abort_reasons
-                   and (request.is_ready_to_decode or request not in self._preempted)
-                   for request in (*self._preempted, *self._waiting))
+        aborted = self._abort_reasons
+        return (sum(request.is_ready_to_decode and request.request_id not in aborted for request in self._preempted)
+                + sum(request.request_id not in aborted for request in self._waiting))
 
     def append_text(self, request_id: str, num_tokens: int, is_closed: bool = False) -> bool:
         """Record newly arrived trailing text tokens. Returns False when the request is gone or done."""
@@ -439,6 +439,8 @@ class Scheduler:
         slot and `num_blocks` are free or none is left: a request that cannot go on gives its capacity to one
         that can, and takes it back, recomputed, once it can go on."""
         preempted: list[FreedItem] = []
+        if self._slots.can_allocate() and self._blocks.can_allocate(num_blocks):
+            return preempted
         stalled = [request for request in self._admitted if not request.is_ready_to_decode]
         # Only when giving everything back would be enough: a preemption that admits nobody costs a recompute.
         num_free_slots = self._slots.num_free_slots + len(stalled)
