@@ -79,3 +79,14 @@ def test_silu_mul_kernel_equals_eager_chain() -> None:
     eager = fused_ops.silu_mul_eager(gate, up)
     assert_matches_eager(fused_ops.silu_mul(gate, up), eager, 1, magnitude(eager))
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length", [1, 80, 1920, 3000])
+def test_snake_beta_kernel_equals_eager_chain(dtype: torch.dtype, length: int) -> None:
+    x = activations(3, 96, length, dtype=dtype)
+    log_alpha = (0.3 * activations(96, dtype=torch.float32, seed=1)).to(dtype)
+    log_beta = (0.3 * activations(96, dtype=torch.float32, seed=2)).to(dtype)
+    eager = fused_ops.snake_beta_eager(x, log_alpha, log_beta)
+    fused = fused_ops.snake_beta(x, log_alpha, log_beta)
+    assert torch.equal(fused, eager), f"max difference {(fused.float() - eager.float()).abs().max().item()}"
