@@ -162,12 +162,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="time every step's phases (host and GPU) and report them per level")
     parser.add_argument("--non-streaming-text", action="store_true",
                         help="give the talker each whole text up front (qwen-tts's default for CustomVoice)")
+    parser.add_argument("--codec-chunk-schedule", default=None,
+                        help="frames per codec chunk, first chunks first (default: the engine's)")
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     model = load_model(args.model, LoadOptions.default_for(args.device))
     started = time.perf_counter()
+    schedule = {} if args.codec_chunk_schedule is None else {
+        "codec_chunk_schedule": tuple(int(n) for n in args.codec_chunk_schedule.split(","))}
     engine = Engine.create(model, EngineConfig(max_running=max(levels), max_waiting=4 * max(levels),
-                                               max_positions_per_request=1024, profile_steps=args.profile_steps))
+                                               max_positions_per_request=1024, profile_steps=args.profile_steps,
+                                               **schedule))
     startup_s = time.perf_counter() - started
     frame_s = 1.0 / model.speech_config.frame_rate_hz
     summaries, timings = asyncio.run(run_benchmark(engine, levels, frame_s, args.non_streaming_text))

@@ -42,7 +42,12 @@ class EngineConfig:
     max_prefill_positions_per_step: int = 4096  # a step's prefill budget; its first admission is exempt
     min_playback_slack_s: float = 0.5  # below this, admissions shrink to the at-risk prefill budget
     max_prefill_positions_at_risk: int = 256  # a step's prefill budget while a stream is at risk
-    codec_chunk_schedule: tuple[int, ...] = (1, 2, 4, 8, 12)  # frames per codec chunk, first chunks first
+    # Frames per codec chunk, first chunks first; the last size repeats. One frame per chunk means every
+    # step decodes each stream's newest frame in one batched codec call, and a frame's audio leaves one
+    # step after the frame: growing chunks (1, 2, 4, 8, 12) cost more per step at load (one call per
+    # distinct length) and ask for steps of half a frame's duration while a stream starts
+    # (BENCHMARKS.md, "one codec call per step").
+    codec_chunk_schedule: tuple[int, ...] = (1,)
     max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
     # -- graphs and kernels --
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,6 +68,10 @@ class RequestStream:
     `max_unread_frames` it calls `on_backlog(True)`, and `on_backlog(False)` once the reader has
     taken it down to half, so that the engine can pause a request whose reader has fallen behind
     instead of buffering its audio without bound.
+
+    A reader that comes back to find several chunks waiting takes them as one (the engine decodes
+    audio every step; a reader who is slower than that, gRPC's writes under load say, then sends
+    fewer, larger messages instead of falling further behind).
     """
 
     def __init__(self, request_id: str, max_unread_frames: int | None = None,
@@ -78,12 +83,13 @@ class RequestStream:
         self._max_unread_frames = max_unread_frames
         self._on_backlog = on_backlog
         self._is_done = False
-        self._items: asyncio.Queue[AudioChunk | SynthesisSummary | Exception] = asyncio.Queue()
+        self._items: deque[AudioChunk | SynthesisSummary | Exception] = deque()
+        self._has_items = asyncio.Event()
 
     # Engine side.
 
     def put_audio(self, chunk: AudioChunk) -> None:
-        self._items.put_nowait(chunk)
+        self._put(chunk)
         self.num_unread_frames += chunk.num_frames
         limit = self._max_unread_frames
         if limit is not None and not self.is_backlogged and self.num_unread_frames > limit:
@@ -95,10 +101,14 @@ class RequestStream:
             self._on_backlog(is_backlogged)
 
     def finish(self, summary: SynthesisSummary) -> None:
-        self._items.put_nowait(summary)
+        self._put(summary)
 
     def fail(self, error: Exception) -> None:
-        self._items.put_nowait(error)
+        self._put(error)
+
+    def _put(self, item: AudioChunk | SynthesisSummary | Exception) -> None:
+        self._items.append(item)
+        self._has_items.set()
 
     # Caller side.
 
@@ -108,13 +118,17 @@ class RequestStream:
     async def __anext__(self) -> AudioChunk:
         if self._is_done:
             raise StopAsyncIteration
-        item = await self._items.get()
-        if isinstance(item, AudioChunk):
-            self.num_unread_frames -= item.num_frames
+        while not self._items:
+            self._has_items.clear()
+            await self._has_items.wait()
+        if isinstance(self._items[0], AudioChunk):
+            chunk = self._take_audio()
+            self.num_unread_frames -= chunk.num_frames
             limit = self._max_unread_frames
             if self.is_backlogged and limit is not None and self.num_unread_frames <= limit // 2:
                 self._set_backlogged(False)
-            return item
+            return chunk
+        item = self._items.popleft()
         self._is_done = True
         if isinstance(item, Exception):
             self.summary = getattr(item, "summary", None)
@@ -123,6 +137,16 @@ class RequestStream:
         if item.finish_reason is FinishReason.ERROR:
             raise RequestFailed(item)
         raise StopAsyncIteration
+
+    def _take_audio(self) -> AudioChunk:
+        """Every chunk waiting at the front, as one."""
+        chunks = []
+        while self._items and isinstance(self._items[0], AudioChunk):
+            chunks.append(self._items.popleft())
+        if len(chunks) == 1:
+            return chunks[0]
+        return AudioChunk(np.concatenate([chunk.samples for chunk in chunks]), chunks[0].first_frame,
+                          sum(chunk.num_frames for chunk in chunks))
 
     async def collect(self) -> tuple[np.ndarray, SynthesisSummary]:
         """The whole waveform and the summary (for unary calls and tests)."""
