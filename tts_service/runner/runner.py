@@ -1,9 +1,12 @@
 """The model runner: owns the device, the paged talker KV memory, per-slot state and CUDA graphs.
 
-Start-up reads: load weights -> allocate slot state and KV blocks -> capture one decode graph per
-batch bucket. A step is `execute(StepInput) -> StepOutput`: prefill the new requests (eager,
-batched), decode one frame for every running request (a graph replay padded to the next
-captured batch size), then copy every produced frame to the host in one transfer.
+Start-up reads: load weights -> allocate slot state and KV blocks -> capture graphs per batch bucket.
+A step is `execute(StepInput) -> StepOutput`: the talker prefills the new requests (batched), the
+talker decodes one position for every running request, then one frame sampling pass (codebook 0 and
+the code predictor's 15 codebooks) serves both, the prefills' first frames in the rows after the
+decodes', and every produced frame goes to the host in one transfer. Sampling a new request's first
+frame with the running ones, instead of in a predictor pass of its own, is what keeps an admission
+from costing the running streams a whole extra predictor pass.
 """
 
 from __future__ import annotations
@@ -66,23 +69,20 @@ class StepOutput:
 
 
 @dataclass
-class _DecodeBuffers:
-    slots: torch.Tensor
-    text_ids: torch.Tensor
-    frame_index: torch.Tensor
-    frames: torch.Tensor
-    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
+class _FrameBuffers:
+    """A step's frame rows: decodes first, then prefills' first frames, then padding (the scratch slot).
 
+    The talker decode graph reads the first rows' slots and text and writes their hidden states; the
+    sampling graph turns every row's hidden state into a frame.
+    """
 
-@dataclass
-class _FirstFrameBuffers:
-    """A prefill's last hidden state -> its first frame (the predictor's 15 steps), captured per bucket."""
-
-    hidden: torch.Tensor
-    slots: torch.Tensor
-    frame_index: torch.Tensor
-    frames: torch.Tensor
-    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
+    slots: torch.Tensor  # [max_batch] int64
+    text_ids: torch.Tensor  # [max_batch] int64: decodes only
+    frame_index: torch.Tensor  # [max_batch] int64
+    hidden: torch.Tensor  # [max_batch, H]
+    frames: torch.Tensor  # [max_batch, G] int64
+    talker_graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
+    sampling_graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,7 +114,9 @@ class ModelRunner:
         self.config = config
         self.talker = model.talker
         self.device = model.device
-        use_fused_kernels(self.talker, config.use_fused_kernels and kernels_available(self.device))
+        is_fused = config.use_fused_kernels and kernels_available(self.device)
+        use_fused_kernels(self.talker, is_fused)
+        model.codec_decoder.use_fused_activations(is_fused)
         self.dtype = self.talker.codec_head.weight.dtype
         talker_config = model.config.talker
         self.num_groups = talker_config.num_code_groups
@@ -132,16 +134,11 @@ class ModelRunner:
         self.decode_backend = PagedDecodeBackend(self.kv_cache, max_batch, config.max_blocks_per_request)
         self.prefill_backend = PagedPrefillBackend(self.kv_cache)
         scratch = self.state.scratch_slot
-        self.buffers = _DecodeBuffers(
+        self.rows = _FrameBuffers(
             slots=torch.full((max_batch,), scratch, dtype=torch.int64, device=self.device),
             text_ids=torch.full((max_batch,), self.tts_pad_id, dtype=torch.int64, device=self.device),
             frame_index=torch.zeros(max_batch, dtype=torch.int64, device=self.device),
-            frames=torch.zeros(max_batch, self.num_groups, dtype=torch.int64, device=self.device),
-        )
-        self.first_frame = _FirstFrameBuffers(
             hidden=torch.zeros(max_batch, talker_config.layers.hidden_size, dtype=self.dtype, device=self.device),
-            slots=torch.full((max_batch,), scratch, dtype=torch.int64, device=self.device),
-            frame_index=torch.zeros(max_batch, dtype=torch.int64, device=self.device),
             frames=torch.zeros(max_batch, self.num_groups, dtype=torch.int64, device=self.device),
         )
         # Row max_num_slots is the codec's scratch row, as SlotState's last row is the sampler's.
@@ -196,20 +193,18 @@ class ModelRunner:
 
     # -- decode -------------------------------------------------------------------------------
 
-    def _decode_step(self, batch: int) -> None:
-        """The whole frame for `batch` rows: talker decode, codebook 0, code predictor, codebooks 1..G-1."""
-        buffers = self.buffers
-        slots = buffers.slots[:batch]
-        inputs = self.talker.embed_frame(self.state.last_frame[slots]) + self.talker.embed_text(
-            buffers.text_ids[:batch])
+    def _talker_decode_step(self, batch: int) -> None:
+        """The talker's next position for the first `batch` rows: their previous frame plus text in, hidden out."""
+        rows = self.rows
+        inputs = self.talker.embed_frame(self.state.last_frame[rows.slots[:batch]]) + self.talker.embed_text(
+            rows.text_ids[:batch])
         positions = self.decode_backend.positions[:batch]
-        hidden = self.talker.hidden(inputs[:, None], positions[:, None], self.decode_backend)[:, 0]
-        buffers.frames[:batch] = self.sampler(hidden, slots, buffers.frame_index[:batch])
+        rows.hidden[:batch] = self.talker.hidden(inputs[:, None], positions[:, None], self.decode_backend)[:, 0]
 
-    def _first_frame_step(self, batch: int) -> None:
-        buffers = self.first_frame
-        buffers.frames[:batch] = self.sampler(buffers.hidden[:batch], buffers.slots[:batch],
-                                              buffers.frame_index[:batch])
+    def _sampling_step(self, batch: int) -> None:
+        """Hidden state -> frame for the first `batch` rows: codebook 0, then the code predictor's codebooks."""
+        rows = self.rows
+        rows.frames[:batch] = self.sampler(rows.hidden[:batch], rows.slots[:batch], rows.frame_index[:batch])
 
     def _codec_step(self, batch: int, num_frames: int) -> None:
         buffers = self.codec
@@ -245,8 +240,8 @@ class ModelRunner:
 
         with torch.cuda.stream(stream), torch.inference_mode():
             for batch in reversed(self.buckets):
-                self.buffers.graphs[batch] = capture(lambda b=batch: self._decode_step(b))
-                self.first_frame.graphs[batch] = capture(lambda b=batch: self._first_frame_step(b))
+                self.rows.talker_graphs[batch] = capture(lambda b=batch: self._talker_decode_step(b))
+                self.rows.sampling_graphs[batch] = capture(lambda b=batch: self._sampling_step(b))
                 for num_frames in self.config.codec_graph_chunk_sizes:
                     self.codec.graphs[(batch, num_frames)] = capture(
                         lambda b=batch, t=num_frames: self._codec_step(b, t))
@@ -260,7 +255,7 @@ class ModelRunner:
 
     def captured_graph_batch_sizes(self) -> dict[str, list[int]]:
         """Each captured CUDA graph's batch size, by kind (empty lists when the runner runs eagerly)."""
-        return {"decode": sorted(self.buffers.graphs), "first_frame": sorted(self.first_frame.graphs),
+        return {"decode": sorted(self.rows.talker_graphs), "frame_sampling": sorted(self.rows.sampling_graphs),
                 "codec": sorted(batch for batch, _ in self.codec.graphs),
                 "prefill": sorted(batch for batch, _ in self.prefill.graphs)}
 
@@ -271,20 +266,38 @@ class ModelRunner:
         return bucket
 
     def _decode(self, decodes: tuple[DecodeInput, ...]) -> torch.Tensor:
-        batch = len(decodes)
-        self.decode_backend.set_metadata(_block_tables([d.block_ids for d in decodes]),
-                                         torch.tensor([d.position for d in decodes], dtype=torch.int64))
-        buffers = self.buffers
-        bucket = self.bucket_for(batch) if self.uses_graphs else batch
-        host = torch.tensor([[d.slot, d.text_id, d.frame_index] for d in decodes], dtype=torch.int64)
-        _load_padded(buffers.slots, host[:, 0], self.state.scratch_slot)
-        _load_padded(buffers.text_ids, host[:, 1], self.tts_pad_id)
-        _load_padded(buffers.frame_index, host[:, 2], 0)
+        """A whole frame for every decode (the frame-step benchmark's unit of work)."""
+        return self._frames(decodes, (), None)
+
+    def _frames(self, decodes: tuple[DecodeInput, ...], prefills: tuple[PrefillInput, ...],
+                prefill_hidden: torch.Tensor | None) -> torch.Tensor:
+        """Frames for the decodes, then for the prefills (whose talker pass left `prefill_hidden`), as one
+        sampling pass: [len(decodes) + len(prefills), G] on the device."""
+        num_decodes, batch = len(decodes), len(decodes) + len(prefills)
+        rows = self.rows
+        host = torch.tensor([[d.slot, d.text_id, d.frame_index] for d in decodes]
+                            + [[item.slot, self.tts_pad_id, len(item.resumed_frames)] for item in prefills],
+                            dtype=torch.int64)
+        _load_padded(rows.slots, host[:, 0], self.state.scratch_slot)
+        _load_padded(rows.text_ids, host[:, 1], self.tts_pad_id)
+        _load_padded(rows.frame_index, host[:, 2], 0)
+        if decodes:
+            self.decode_backend.set_metadata(_block_tables([d.block_ids for d in decodes]),
+                                             torch.tensor([d.position for d in decodes], dtype=torch.int64))
+            # Padding rows past the decodes may hold prefill slots: they only read them, and their keys and
+            # values go to the scratch block; their hidden states are overwritten just below.
+            self._replay_or_run(rows.talker_graphs, self._talker_decode_step, num_decodes)
+        if prefill_hidden is not None:
+            rows.hidden[num_decodes:batch].copy_(prefill_hidden)
+        self._replay_or_run(rows.sampling_graphs, self._sampling_step, batch)
+        return rows.frames[:batch]
+
+    def _replay_or_run(self, graphs: dict[int, torch.cuda.CUDAGraph], step: Callable[[int], None],
+                       batch: int) -> None:
         if self.uses_graphs:
-            buffers.graphs[bucket].replay()
+            graphs[self.bucket_for(batch)].replay()
         else:
-            self._decode_step(batch)
-        return buffers.frames[:batch]
+            step(batch)
 
     # -- prefill ------------------------------------------------------------------------------
 
@@ -331,6 +344,8 @@ class ModelRunner:
         return buffers.last_hidden[:len(embeds)]
 
     def _prefill(self, prefills: tuple[PrefillInput, ...], embeds: list[torch.Tensor]) -> torch.Tensor:
+        """The talker over each prompt (its keys and values into the request's blocks) -> each last hidden state;
+        the slots are set up for sampling the first frames."""
         lengths = torch.tensor([e.shape[0] for e in embeds], dtype=torch.int64)
         block_tables = _block_tables([item.block_ids for item in prefills])
         bucket = self._prefill_bucket(len(prefills), int(lengths.max()))
@@ -338,22 +353,12 @@ class ModelRunner:
             last = self._prefill_hidden_eager(embeds, lengths, block_tables)
         else:
             last = self._prefill_hidden_graph(bucket, embeds, lengths, block_tables)
-
         for item in prefills:
             self.state.assign(item.slot, item.params)
             if item.resumed_frames:
                 code0 = torch.tensor([frame[0] for frame in item.resumed_frames], device=self.device)
                 self.state.seen[item.slot, code0] = True
-        host = torch.tensor([[item.slot, len(item.resumed_frames)] for item in prefills], dtype=torch.int64)
-        if not self.uses_graphs:
-            return self.sampler(last, host[:, 0].to(self.device), host[:, 1].to(self.device))
-        batch = len(prefills)
-        buffers = self.first_frame
-        _load_padded(buffers.slots, host[:, 0], self.state.scratch_slot)
-        _load_padded(buffers.frame_index, host[:, 1], 0)
-        buffers.hidden[:batch].copy_(last)
-        buffers.graphs[self.bucket_for(batch)].replay()
-        return buffers.frames[:batch]
+        return last
 
     # -- step ---------------------------------------------------------------------------------
 
@@ -363,24 +368,25 @@ class ModelRunner:
         if timer is not None:
             timer.start()
         prefills, embeds, failed = self._prefill_inputs(step.prefills)
-        produced = []
+        if not (prefills or step.decodes):
+            empty = np.zeros((0, self.num_groups), dtype=np.int64)
+            return StepOutput(empty, empty, failed)
+        prefill_hidden = None
         if prefills:
             if timer is not None:
                 timer.mark("prefill_inputs")
-            produced.append(self._prefill(prefills, embeds))
+            prefill_hidden = self._prefill(prefills, embeds)
             if timer is not None:
                 timer.mark("prefill")
-        if step.decodes:
-            produced.append(self._decode(step.decodes))
-            if timer is not None:
-                timer.mark("decode")
-        if not produced:
-            empty = np.zeros((0, self.num_groups), dtype=np.int64)
-            return StepOutput(empty, empty, failed)
-        frames = torch.cat(produced).cpu().numpy()  # the step's one device-to-host copy
+        frames = self._frames(step.decodes, prefills, prefill_hidden)
+        if timer is not None:
+            timer.mark("decode")
+        # The step's one device-to-host copy; a copy on the CPU too, since the rows are reused next step.
+        host = frames.to("cpu", copy=True).numpy()
         if timer is not None:
             timer.mark("copy")
-        return StepOutput(frames[:len(prefills)], frames[len(prefills):], failed)
+        num_decodes = len(step.decodes)
+        return StepOutput(host[num_decodes:], host[:num_decodes], failed)
 
     def _prefill_inputs(self, items: tuple[PrefillInput, ...]
                         ) -> tuple[tuple[PrefillInput, ...], list[torch.Tensor], dict[int, str]]:
