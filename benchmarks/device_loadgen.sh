@@ -16,7 +16,9 @@ export PYTHONPATH="$PWD:$PWD/proto:/tmp/site" PYTHONUNBUFFERED=1
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.csv"
 port=50151
-python3 -m tts_service --model random:1.7b-custom_voice --port "$port" --host 127.0.0.1 --metrics-port 9464 "${@:4}" \
+# The load generator stands for many users from one address: the per-caller call limit is lifted for it.
+python3 -m tts_service --model random:1.7b-custom_voice --port "$port" --host 127.0.0.1 --metrics-port 9464 \
+    --max-calls-per-caller 100000 "${@:4}" \
     > "$out/server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
