@@ -63,6 +63,9 @@ class Ending:
     """How a call ends, kept without the exception that said so (and the frames its traceback holds)."""
 
     error: ApiError | None  # None: the call was already aborted, its status set
+    # grpc's own exception from that abort, raised again as it is: grpc checks that a handler ends with the very
+    # exception its abort() raised, and logs any other as an error of the server (a refusal under load did).
+    aborted: grpc.aio.AbortError | None = None
 
     @classmethod
     def of(cls, error: ApiError | grpc.aio.AbortError) -> Ending:
@@ -71,12 +74,13 @@ class Ending:
         error.__traceback__ = None
         if isinstance(error, ApiError):
             return cls(ApiError(error.code, error.message, error.retry_after_s))
-        return cls(None)
+        return cls(None, error)
 
     async def end(self, context: grpc.aio.ServicerContext) -> None:
         if self.error is not None:
             await abort_with(context, self.error)
-        raise grpc.aio.AbortError()
+        assert self.aborted is not None
+        raise self.aborted
 
 
 def parsing_handler(handler: grpc.RpcMethodHandler, request_type: str) -> grpc.RpcMethodHandler:
