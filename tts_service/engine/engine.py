@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from scheduler.request import FinishReason, Request
 from scheduler.scheduler import Scheduler
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.model_info import ModelInfo
-from tts_service.engine.step_work import CodecRestart, CodecWork, StepDone, StepWork, compute_frames, decode_audio
+from tts_service.engine.step_work import CodecRestart, CodecWork, StepDone, StepWork, run_step
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenization
 from tts_service.engine.warm_up import warm_up
@@ -54,7 +55,7 @@ class EngineStats:
     execute_s: float = 0.0  # in the runner (worker thread), GPU work included
     loop_s: float = 0.0  # in the loop between schedule() and the end of fan-out, execute_s included
     last_step_s: float = 0.0
-    # With the step profiler on: seconds per phase, host ("schedule", "plan", "codec_and_delivery", "frames",
+    # With the step profiler on: seconds per phase, host ("schedule", "plan", "codec", "frames",
     # "update") and device ("device_prefill", "device_decode", "device_codec", ...), summed over steps.
     phase_s: dict[str, float] = field(default_factory=dict)
 
@@ -96,6 +97,22 @@ class _Live:
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+
+class _Delivery:
+    """One step's audio, passed from the runner's thread to the loop, where `deliver` hands it to the streams and
+    returns the moment it did."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[StepDone], float]) -> None:
+        self._loop = loop
+        self._deliver = deliver
+        self.audio_time: float | None = None
+
+    def from_runner(self, audio: StepDone) -> None:
+        self._loop.call_soon_threadsafe(self._on_loop, audio)
+
+    def _on_loop(self, audio: StepDone) -> None:
+        self.audio_time = self._deliver(audio)
 
 
 class Engine:
@@ -363,20 +380,16 @@ class Engine:
                 scheduled = time.perf_counter()
                 work = self._plan(output)
                 planned = time.perf_counter()
-                done, audio_time = StepDone(), None
-                if work.restarts or work.chunks:
-                    done = await loop.run_in_executor(self._executor, decode_audio, self.runner, work)
-                    audio_time = self._deliver_audio(output, done)
-                audio_done = time.perf_counter()
-                done = await loop.run_in_executor(self._executor, compute_frames, self.runner, work, done)
+                delivery = _Delivery(loop, functools.partial(self._deliver_audio, output))
+                done = await loop.run_in_executor(self._executor, run_step, self.runner, work, delivery.from_runner)
                 computed = time.perf_counter()
-                self._apply(output, done, audio_time)
+                # The delivery was queued on the loop before the step's result, so it has run by now.
+                self._apply(output, done, delivery.audio_time)
                 applied = time.perf_counter()
                 phases = None
                 if self.runner.timer is not None:  # the step profiler: host phases, then the device's
-                    phases = {"schedule": scheduled - started, "plan": planned - scheduled,
-                              "codec_and_delivery": audio_done - planned, "frames": computed - audio_done,
-                              "update": applied - computed}
+                    phases = {"schedule": scheduled - started, "plan": planned - scheduled, "codec": done.codec_s,
+                              "frames": done.frames_s, "update": applied - computed}
                     phases |= {f"device_{name}": seconds for name, seconds in self.runner.timer.take().items()}
                 self._count(output, computed - planned, applied - started, phases)
         except Exception:

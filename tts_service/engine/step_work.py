@@ -8,7 +8,9 @@ here touches the scheduler or the request streams.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +57,23 @@ class StepDone:
     frames: dict[str, np.ndarray] = field(default_factory=dict)  # request id -> [G] codes
     audio: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)  # (request id, first frame) -> samples
     errors: dict[str, str] = field(default_factory=dict)
+    codec_s: float = 0.0  # host seconds in the runner for the codec work (its copy to the host waits for it)
+    frames_s: float = 0.0  # host seconds in the runner for the frames
+
+
+def run_step(runner: ModelRunner, work: StepWork, on_audio: Callable[[StepDone], None]) -> StepDone:
+    """The whole step on the runner's thread: the codec work, `on_audio` with its outcome as soon as it is there,
+    then the frames. Nothing between the two waits for the event loop, so a loop busy writing to clients cannot
+    leave the GPU idle between them."""
+    started = time.perf_counter()
+    done = StepDone()
+    if work.restarts or work.chunks:
+        done = decode_audio(runner, work)
+        on_audio(done)
+    audio_done = time.perf_counter()
+    done = compute_frames(runner, work, done)
+    done.codec_s, done.frames_s = audio_done - started, time.perf_counter() - audio_done
+    return done
 
 
 def decode_audio(runner: ModelRunner, work: StepWork) -> StepDone:
