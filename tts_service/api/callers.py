@@ -4,6 +4,7 @@ the server has keys (several clients sharing a key are one caller), otherwise it
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -19,13 +20,27 @@ def presented_keys(metadata: Iterable[tuple[str, str | bytes]]) -> Iterator[str]
             yield text
 
 
+def has_valid_key(metadata: Iterable[tuple[str, str | bytes]], keys: Iterable[bytes]) -> bool:
+    """Whether any key presented in `metadata` (names in lower case) is one of `keys`."""
+    accepted = list(keys)
+    for presented in presented_keys(metadata):
+        # Compare with every key, in constant time, so timing reveals nothing about them.
+        if any([hmac.compare_digest(presented.encode(), key) for key in accepted]):
+            return True
+    return False
+
+
 def caller_of(context: grpc.aio.ServicerContext, uses_keys: bool) -> str:
+    return caller_from(context.invocation_metadata() or (), context.peer() or "unknown", uses_keys)
+
+
+def caller_from(metadata: Iterable[tuple[str, str | bytes]], peer: str, uses_keys: bool) -> str:
     """The caller's identity. A key is kept only as a digest, so that the key itself is never held longer than the
-    call; a peer is its address without the port ("ipv4:10.0.0.7", "ipv6:[::1]")."""
+    call; a peer (gRPC's spelling: "ipv4:10.0.0.7:5123") is its address without the port ("ipv4:10.0.0.7",
+    "ipv6:[::1]"), so that the same client is one caller through either front door."""
     if uses_keys:
-        key = next(presented_keys(context.invocation_metadata() or ()), "")
+        key = next(presented_keys(metadata), "")
         return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
-    peer = context.peer() or "unknown"
     kind, _, address = peer.partition(":")
     if kind in ("ipv4", "ipv6"):
         address = address.rpartition(":")[0] or address

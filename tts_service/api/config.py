@@ -54,6 +54,8 @@ class ServerConfig:
     metrics_port: int | None = None  # Prometheus metrics over HTTP on this port; None: no metrics endpoint
     # grpc.health.v1 alone, in plaintext, on this port: for probes that cannot speak TLS (the kubelet's).
     health_port: int | None = None
+    # The OpenAI-compatible HTTP API (/v1/audio/speech, /v1/models) on this port; None: none.
+    http_port: int | None = None
     # The engine's settings keep the engine's defaults (EngineConfig), under the names of their flags.
     max_text_chars: int = _ENGINE.max_text_chars  # of text, and of an instruction
     max_reference_text_chars: int = _ENGINE.max_reference_text_chars  # an in-context clone's transcript
@@ -83,11 +85,13 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, "port", f"must be 0-65535, got {self.port}")
-        for name in ("metrics_port", "health_port"):
+        for name in ("metrics_port", "health_port", "http_port"):
             port = getattr(self, name)
             _require(port is None or 0 < port <= 65535, name, f"must be 1-65535, got {port}")
         _require(self.health_port is None or self.health_port not in (self.port, self.metrics_port), "health_port",
                  "must differ from --port and --metrics-port")
+        _require(self.http_port is None or self.http_port not in (self.port, self.metrics_port, self.health_port),
+                 "http_port", "must differ from --port, --metrics-port and --health-port")
         for name in ("max_text_chars", "max_reference_text_chars", "max_concurrent", "max_waiting",
                      "max_message_bytes", "max_reference_audio_bytes", "max_calls_per_caller", "max_waiting_clones"):
             _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
@@ -175,6 +179,8 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("metrics-port", int, "port for Prometheus metrics over HTTP (/metrics); unset: none")
     add("health-port", int, "port serving only grpc.health.v1 in plaintext, for probes that cannot use TLS; "
                             "unset: none (health is always served on --port too)")
+    add("http-port", int, "port for the OpenAI-compatible HTTP API (POST /v1/audio/speech, GET /v1/models), with "
+                          "the same API keys, limits and TLS as --port; unset: none")
     add("max-text-chars", int, "most characters of text per request (and of an instruction)")
     add("max-reference-text-chars", int, "most characters of a voice clone's reference transcript")
     add("max-concurrent", int, "requests generating at once")

@@ -26,17 +26,19 @@ _PROMPT_FIELDS = {"speaker": "voice.speaker", "language": "voice.language", "ins
 
 
 class ApiError(Exception):
-    """A status to end a call with."""
+    """A status to end a call with; `field` names the request field an INVALID_ARGUMENT is about, if one is."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, retry_after_s: float | None = None,
+                 field: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retry_after_s = retry_after_s
+        self.field = field
 
 
 def invalid(field: str, message: str) -> ApiError:
-    return ApiError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {message}")
+    return ApiError(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {message}", field=field)
 
 
 def api_error_for(error: Exception) -> ApiError | None:
@@ -47,7 +49,7 @@ def api_error_for(error: Exception) -> ApiError | None:
         field = _PROMPT_FIELDS.get(error.field, error.field)
         return invalid(field, str(error).removeprefix(f"{error.field}: "))
     if isinstance(error, AudioFormatError):
-        return ApiError(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        return ApiError(grpc.StatusCode.INVALID_ARGUMENT, str(error), field=error.field)
     if isinstance(error, ReferenceAudioError):
         return invalid("voice.reference_audio", str(error))
     if isinstance(error, QueueFullError):

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hmac
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
@@ -17,7 +16,7 @@ from google.protobuf import descriptor_pool
 from google.protobuf.message import DecodeError
 
 from qwen3_tts.v1.protocol import SERVICE_NAME
-from tts_service.api.callers import presented_keys
+from tts_service.api.callers import has_valid_key
 from tts_service.api.errors import ApiError, abort_with, invalid
 
 _HEALTH_SERVICE_PREFIX = "/grpc.health.v1.Health/"
@@ -155,17 +154,10 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(_HEALTH_SERVICE_PREFIX):
             return handler
-        if self._is_authorized(details.invocation_metadata or ()):
+        if has_valid_key(details.invocation_metadata or (), self._keys):
             return handler
         return refusing_handler(handler, grpc.StatusCode.UNAUTHENTICATED,
                                 "a valid API key is required: send 'authorization: Bearer KEY' or 'x-api-key: KEY'")
-
-    def _is_authorized(self, metadata: Iterable[tuple[str, str | bytes]]) -> bool:
-        for presented in presented_keys(metadata):
-            # Compare with every key, in constant time, so timing reveals nothing about them.
-            if any([hmac.compare_digest(presented.encode(), key) for key in self._keys]):
-                return True
-        return False
 
 
 class ServingState:

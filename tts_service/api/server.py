@@ -6,7 +6,9 @@ the standard gRPC health service (NOT_SERVING until the engine runs, and again w
 server reflection (so grpcurl needs no .proto), an API-key check and an admission check that
 answers UNAVAILABLE while the server is starting or draining (`interceptors.py`). Which status an
 error becomes is `errors.py`; how messages become engine terms and back is `messages.py`;
-the bidirectional call's reading, flush acks and limits are `text_call.py`.
+the bidirectional call's reading, flush acks and limits are `text_call.py`. The OpenAI-compatible
+HTTP API (`openai_http.py`) answers with the same servicer, through the steps it shares with the
+gRPC calls (`speech_call`, `prepare`, `submit`, `encoded_audio`, `whole_audio`).
 
 Every engine call happens on the event loop's thread, as the engine requires: gRPC's asyncio
 server runs every handler there. Reference audio is decoded in a worker thread and the engine
@@ -20,15 +22,17 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -62,6 +66,7 @@ from tts_service.api.messages import (
     run_encoder,
     synthesis_input,
 )
+from tts_service.api.openai_http import OpenAISpeechApi
 from tts_service.api.text_call import TextCall, call_too_long_error, first_config
 from tts_service.audio.output import (
     OutputFormat,
@@ -140,7 +145,18 @@ class PreparedRequest:
     request_id: str
     synthesis: SynthesisInput
     params: GenerationParams
-    output: OutputFormat
+
+
+@dataclass(frozen=True)
+class EncodedAudio:
+    """One piece of a request's encoded audio; the last piece carries the summary (and maybe no audio)."""
+
+    chunk: Any | None  # an AudioChunk message
+    summary: SynthesisSummary | None = None
+
+
+# How a speech call's status is named when an exception ends it (gRPC's status names, for either front door).
+EndingStatus = Callable[[CallRecord, BaseException], str]
 
 
 class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
@@ -162,16 +178,29 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     @contextlib.asynccontextmanager
     async def _call(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[CallRecord]:
-        """A speech call's frame: request id (also sent as a header), drain tracking, observation, errors as
-        statuses."""
-        record = CallRecord(rpc, uuid.uuid4().hex)
+        """A gRPC speech call's frame: the shared one, with errors as statuses and the request id as a header."""
         caller = caller_of(context, uses_keys=bool(self.config.api_keys))
+        metadata = context.invocation_metadata() or ()
+        async with self.speech_call(rpc, caller, metadata, self._grpc_status(context),
+                                    answering_errors(context)) as record:
+            await context.send_initial_metadata(((REQUEST_ID_HEADER, record.request_id),))
+            yield record
+
+    @contextlib.asynccontextmanager
+    async def speech_call(self, rpc: str, caller: str, metadata: Iterable[tuple[str, str | bytes]],
+                          ending_status: EndingStatus,
+                          answering: contextlib.AbstractAsyncContextManager[Any] | None = None,
+                          ) -> AsyncIterator[CallRecord]:
+        """A speech call's frame, whichever front door it came through: request id, the per-caller limit, drain
+        tracking, observation (metrics, span, log tags), and the server's limit on the call's life. `answering`
+        turns errors into the protocol's answer inside the observation, which then sees that answer."""
+        record = CallRecord(rpc, uuid.uuid4().hex)
         # The engine ends the request at the limit; this ends a call stuck writing to a client that reads nothing.
         expiry = asyncio.get_running_loop().call_later(self.config.max_stream_seconds + _STUCK_CALL_GRACE_S,
                                                        self._expire, record, asyncio.current_task())
         try:
-            async with self._observed(record, context), answering_errors(context), self.calls.track(caller):
-                await context.send_initial_metadata(((REQUEST_ID_HEADER, record.request_id),))
+            async with (self._observed(record, metadata, ending_status), answering or contextlib.nullcontext(),
+                        self.calls.track(caller)):
                 try:
                     yield record
                 except RequestFailed as error:  # the engine's summary says how far the request got
@@ -180,31 +209,40 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         finally:
             expiry.cancel()
 
+    def was_expired(self, record: CallRecord) -> bool:
+        """Whether the server's limit on a call's life ended this call."""
+        return record.request_id in self._expired_ids
+
     def _expire(self, record: CallRecord, task: asyncio.Task[Any] | None) -> None:
         logger.warning("ending a call still open %g s after the server's limit", _STUCK_CALL_GRACE_S)
         self._expired_ids.add(record.request_id)
         if task is not None:
             task.cancel()
 
+    def _grpc_status(self, context: grpc.aio.ServicerContext) -> EndingStatus:
+        def status(record: CallRecord, error: BaseException) -> str:
+            if isinstance(error, grpc.aio.AbortError):
+                code = context.code()
+                return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+            # The call ended under the handler: the client went away, its deadline passed, or the server's limit.
+            remaining_s = context.time_remaining()
+            is_past_deadline = remaining_s is not None and remaining_s <= 0
+            return "DEADLINE_EXCEEDED" if is_past_deadline or self.was_expired(record) else "CANCELLED"
+
+        return status
+
     @contextlib.asynccontextmanager
-    async def _observed(self, record: CallRecord, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    async def _observed(self, record: CallRecord, metadata: Iterable[tuple[str, str | bytes]],
+                        ending_status: EndingStatus) -> AsyncIterator[None]:
         """The call's span and log tags from its start; metrics and the span's end with the status it ends with."""
         tracer = self.tracer
-        span = tracer.start(record, context.invocation_metadata() or ()) if tracer is not None else None
+        span = tracer.start(record, metadata) if tracer is not None else None
         bind_call(record.request_id, trace_id_of(span) if span is not None else None)
         status = "OK"
         try:
             yield
-        except grpc.aio.AbortError:
-            code = context.code()
-            status = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            # The call ended under the handler: the client went away, its deadline passed, or the server's limit.
-            remaining_s = context.time_remaining()
-            is_past_deadline = remaining_s is not None and remaining_s <= 0
-            is_past_limit = record.request_id in self._expired_ids
-            status = "DEADLINE_EXCEEDED" if is_past_deadline or is_past_limit else "CANCELLED"
+        except BaseException as error:
+            status = ending_status(record, error)
             raise
         finally:
             self._expired_ids.discard(record.request_id)
@@ -215,10 +253,11 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                 tracer.end(span, record, status)
 
     def _finish_record(self, record: CallRecord, summary: SynthesisSummary) -> None:
+        model = self.engine_or_unavailable().model_info
         record.result = CallResult(summary.finish_reason.value, summary.timeline, summary.num_frames,
-                                   summary.num_text_tokens, self._engine().model_info.audio_seconds(summary.num_frames))
+                                   summary.num_text_tokens, model.audio_seconds(summary.num_frames))
 
-    def _engine(self) -> Engine:
+    def engine_or_unavailable(self) -> Engine:
         if self.engine is None:
             raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading its model; retry")
         return self.engine
@@ -227,7 +266,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def ListVoices(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with answering_errors(context):
-            return self._voices(self._engine().model_info)
+            return self._voices(self.engine_or_unavailable().model_info)
 
     def _voices(self, model: ModelInfo) -> Any:
         speakers = [pb.Speaker(name=name, dialect=model.speaker_dialects[name] or "") for name in model.speakers]
@@ -251,38 +290,57 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def Synthesize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self._call("Synthesize", context) as record:
-            engine, prepared, stream = await self._start_whole_text(record, request, context)
-            try:
-                waveform, summary = await stream.collect()
-            finally:
-                engine.abort(record.request_id)
-            if summary.finish_reason is FinishReason.ABORTED:
-                raise self._deadline_error(record)
-            audio = await asyncio.to_thread(encode_whole, waveform, prepared.output)
-            self._finish_record(record, summary)
-            self._log_done(summary)
+            output = output_format(request.audio_format)
+            stream = await self._start_whole_text(record, request, context)
+            waveform, summary = await self.whole_audio(stream, record)
+            audio = await asyncio.to_thread(encode_whole, waveform, output)
             return pb.SynthesizeResponse(
-                audio=audio, mime_type=prepared.output.mime_type, completion=self._completion(summary),
-                audio_format=pb.AudioFormat(encoding=ENCODING_NUMBERS[prepared.output.encoding],
-                                            sample_rate=prepared.output.sample_rate))
+                audio=audio, mime_type=output.mime_type, completion=self._completion(summary),
+                audio_format=pb.AudioFormat(encoding=ENCODING_NUMBERS[output.encoding],
+                                            sample_rate=output.sample_rate))
+
+    async def whole_audio(self, stream: RequestStream, record: CallRecord) -> tuple[np.ndarray, SynthesisSummary]:
+        """A request's whole waveform once it has ended, its record finished; a request the server's limit or the
+        call's deadline aborted is an error."""
+        try:
+            waveform, summary = await stream.collect()
+        finally:
+            self.engine_or_unavailable().abort(record.request_id)
+        if summary.finish_reason is FinishReason.ABORTED:
+            raise self.deadline_error(record)
+        self._finish_record(record, summary)
+        self._log_done(summary)
+        return waveform, summary
 
     # SynthesizeOnline
 
     async def SynthesizeOnline(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with self._call("SynthesizeOnline", context) as record:
-            engine, prepared, stream = await self._start_whole_text(record, request, context)
+            output = output_format(request.audio_format)
+            stream = await self._start_whole_text(record, request, context)
             try:
-                async for message in self._audio_messages(stream, prepared.output, pb.SynthesizeOnlineResponse,
-                                                          record):
+                async for message in self._audio_messages(stream, output, pb.SynthesizeOnlineResponse, record):
                     if message.HasField("completion") and message.completion.finish_reason == pb.FINISH_REASON_ABORTED:
-                        raise self._deadline_error(record)
+                        raise self.deadline_error(record)
                     yield message
             finally:
-                engine.abort(record.request_id)
+                self.engine_or_unavailable().abort(record.request_id)
 
     async def _audio_messages(self, stream: RequestStream, output: OutputFormat, message_type: Any,
                               record: CallRecord) -> AsyncGenerator[Any, None]:
         """The stream's audio as response messages; the last one carries the completion."""
+        async for piece in self.encoded_audio(stream, output, record):
+            if piece.summary is None:
+                yield message_type(chunk=piece.chunk)
+                continue
+            last = message_type(completion=self._completion(piece.summary))
+            if piece.chunk is not None:
+                last.chunk.CopyFrom(piece.chunk)
+            yield last
+
+    async def encoded_audio(self, stream: RequestStream, output: OutputFormat,
+                            record: CallRecord) -> AsyncGenerator[EncodedAudio, None]:
+        """The stream's audio encoded as it comes; the last piece carries the summary, the record then finished."""
         encoder = ChunkEncoder(output)
         profile = self._server_phase_timer()
         async for piece in stream:
@@ -290,45 +348,42 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             chunk = await run_encoder(encoder, lambda piece=piece: encoder.encode(piece.samples))
             if chunk is not None:
                 record.add_chunk(chunk.offset_seconds)
-                message = message_type(chunk=chunk)
                 encoded = time.perf_counter()
-                yield message
-                if profile is not None:  # the yield returns once gRPC has taken the message
+                yield EncodedAudio(chunk)
+                if profile is not None:  # the yield returns once the front door has written the chunk
                     profile("encode", encoded - started)
                     profile("write", time.perf_counter() - encoded)
         summary = stream.summary
         assert summary is not None
-        last = message_type(completion=self._completion(summary))
         chunk = await run_encoder(encoder, encoder.finish)
         if chunk is not None:
             record.add_chunk(chunk.offset_seconds)
-            last.chunk.CopyFrom(chunk)
         self._finish_record(record, summary)
         self._log_done(summary)
-        yield last
+        yield EncodedAudio(chunk, summary)
 
     # StreamingSynthesize
 
     async def StreamingSynthesize(self, request_iterator: AsyncIterator[Any],
                                   context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with self._call("StreamingSynthesize", context) as record:
-            engine = self._engine()
+            engine = self.engine_or_unavailable()
             started = time.monotonic()
             config = await first_config(request_iterator, self.config)
-            prepared = await self._prepare(record, "", config.voice, config.generation, config.audio_format)
-            stream = await self._submit(engine, prepared, record, context, is_text_open=True)
+            output = output_format(config.audio_format)
+            prepared = await self.prepare(record, "", config.voice, config.generation)
+            stream = await self.submit(prepared, record, context.time_remaining(), is_text_open=True)
             call = TextCall(self.config, engine, record, started)
-            audio = self._audio_messages(stream, prepared.output, pb.StreamingSynthesizeResponse, record)
+            audio = self._audio_messages(stream, output, pb.StreamingSynthesizeResponse, record)
             async for message in call.responses(request_iterator, audio):
                 yield message
 
     # Shared steps
 
-    async def _prepare(self, record: CallRecord, text: str, voice: Any, generation: Any,
-                       audio_format: Any) -> PreparedRequest:
-        """Check the request (the engine checks the voice at submit) and clone its voice, if any."""
-        engine = self._engine()
-        output = output_format(audio_format)
+    async def prepare(self, record: CallRecord, text: str, voice: Any, generation: Any) -> PreparedRequest:
+        """Check the request (a qwen3_tts.v1 VoiceSelection and GenerationConfig: the engine checks the voice at submit)
+        and clone its voice, if any."""
+        engine = self.engine_or_unavailable()
         params = generation_params(generation, self.config, engine.model_info)
         check_input_limits(text, voice, self.config.input_limits)
         record.num_text_chars = len(text)
@@ -338,7 +393,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         default = engine.model_info.default_non_streaming_text if is_whole_text else False
         return PreparedRequest(record.request_id,
                                synthesis_input(text, voice, clone, non_streaming_text(generation, default)),
-                               params, output)
+                               params)
 
     async def _clone(self, engine: Engine, voice: Any, record: CallRecord) -> VoiceClone:
         check_clone_request(voice, engine.model_info)
@@ -356,17 +411,17 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             self._num_clones_in_progress -= 1
             record.voice_clone = (started, time.monotonic())
 
-    async def _start_whole_text(self, record: CallRecord, request: Any, context: grpc.aio.ServicerContext
-                                ) -> tuple[Engine, PreparedRequest, RequestStream]:
+    async def _start_whole_text(self, record: CallRecord, request: Any,
+                                context: grpc.aio.ServicerContext) -> RequestStream:
         """A Synthesize or SynthesizeOnline request, checked and queued."""
-        engine = self._engine()
-        prepared = await self._prepare(record, request.text, request.voice, request.generation, request.audio_format)
-        return engine, prepared, await self._submit(engine, prepared, record, context, is_text_open=False)
+        prepared = await self.prepare(record, request.text, request.voice, request.generation)
+        return await self.submit(prepared, record, context.time_remaining(), is_text_open=False)
 
-    async def _submit(self, engine: Engine, prepared: PreparedRequest, record: CallRecord,
-                      context: grpc.aio.ServicerContext, is_text_open: bool) -> RequestStream:
-        """Queue the request; its engine deadline is the call's deadline or the server's limit, the sooner."""
-        remaining_s = context.time_remaining()
+    async def submit(self, prepared: PreparedRequest, record: CallRecord, remaining_s: float | None,
+                     is_text_open: bool) -> RequestStream:
+        """Queue the request; its engine deadline is the call's deadline (`remaining_s` away; None: no deadline)
+        or the server's limit, the sooner."""
+        engine = self.engine_or_unavailable()
         max_seconds = self.config.max_stream_seconds
         deadline = engine.deadline_in(max_seconds if remaining_s is None else min(remaining_s, max_seconds))
         if remaining_s is None or max_seconds < remaining_s:
@@ -376,7 +431,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         record.is_submitted = True
         return stream
 
-    def _deadline_error(self, record: CallRecord) -> ApiError:
+    def deadline_error(self, record: CallRecord) -> ApiError:
         """Why a request whose call is still open was aborted: the server's limit, or the client's deadline, came
         first (said even when the client's deadline passed only a moment ago, rather than ending with OK)."""
         if record.request_id in self._limited_by_server:
@@ -390,7 +445,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         return self.metrics.observe_server_phase
 
     def _completion(self, summary: SynthesisSummary) -> Any:
-        model = self._engine().model_info
+        model = self.engine_or_unavailable().model_info
         return completion(summary, model.samples_per_frame, model.sample_rate)
 
     @staticmethod
@@ -422,6 +477,18 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     client_ca = config.tls_client_ca.read_bytes() if config.tls_client_ca is not None else None
     return grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
                                        root_certificates=client_ca, require_client_auth=client_ca is not None)
+
+
+def http_tls(config: ServerConfig) -> ssl.SSLContext | None:
+    """The gRPC port's TLS (and mTLS) for the HTTP API too: its API keys must not cross the network in clear."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    if config.tls_client_ca is not None:
+        context.load_verify_locations(config.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 class TtsServer:
@@ -487,26 +554,46 @@ class TtsServer:
             app = web.Application()
             app.router.add_get("/metrics", scrape)
             self._metrics_http = web.AppRunner(app, access_log=None)
+        # The OpenAI-compatible API, on this loop as well, answered by the same servicer. A client that disconnects
+        # cancels its handler, which aborts its request in the engine; after a drain, what is left gets the same
+        # short grace as gRPC's calls.
+        self._openai_http: web.AppRunner | None = None
+        if config.http_port is not None:
+            api = OpenAISpeechApi(self.service, self.state, config)
+            self._openai_http = web.AppRunner(api.app(config.max_message_bytes), access_log=None,
+                                              handler_cancellation=True, shutdown_timeout=_FLUSH_GRACE_S)
 
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._metrics_http is not None:
-            await self._metrics_http.setup()
-            port = self.config.metrics_port
-            # aiohttp binds "::" to IPv6 alone; no host binds every interface of both families, as gRPC's [::] does.
-            host = None if self.config.bare_host == "::" else self.config.bare_host
+            await self._listen_http(self._metrics_http, "--metrics-port", self.config.metrics_port)
+            logger.info("metrics on http://%s:%d/metrics", self.config.host, self.config.metrics_port)
+        if self._openai_http is not None:
             try:
-                await web.TCPSite(self._metrics_http, host, port).start()
-            except OSError as error:
-                await self._metrics_http.cleanup()
-                reason = os.strerror(error.errno) if error.errno else str(error)
-                raise OSError(f"--metrics-port {port}: cannot listen on {self.config.host}:{port}: {reason}") from None
-            logger.info("metrics on http://%s:%d/metrics", self.config.host, port)
+                await self._listen_http(self._openai_http, "--http-port", self.config.http_port, http_tls(self.config))
+            except OSError:
+                if self._metrics_http is not None:
+                    await self._metrics_http.cleanup()
+                raise
+            logger.info("OpenAI-compatible API on %s://%s:%d/v1", "https" if self.config.uses_tls else "http",
+                        self.config.host, self.config.http_port)
         await self._server.start()
         if self._health_server is not None:
             await self._health_server.start()
         logger.info("listening on %s:%d (%s)", self.config.host, self.port, "TLS" if self.config.uses_tls else
                     "plaintext")
+
+    async def _listen_http(self, runner: web.AppRunner, flag: str, port: int | None,
+                           tls: ssl.SSLContext | None = None) -> None:
+        await runner.setup()
+        # aiohttp binds "::" to IPv6 alone; no host binds every interface of both families, as gRPC's [::] does.
+        host = None if self.config.bare_host == "::" else self.config.bare_host
+        try:
+            await web.TCPSite(runner, host, port, ssl_context=tls).start()
+        except OSError as error:
+            await runner.cleanup()
+            reason = os.strerror(error.errno) if error.errno else str(error)
+            raise OSError(f"{flag} {port}: cannot listen on {self.config.host}:{port}: {reason}") from None
 
     async def serve(self, engine: Engine, metrics: ServiceMetrics | None = None,
                     tracer: CallTracer | None = None) -> None:
@@ -541,8 +628,9 @@ class TtsServer:
         await self._server.stop(grace=_FLUSH_GRACE_S if is_idle else None)
         if self._health_server is not None:
             await self._health_server.stop(grace=None)
-        if self._metrics_http is not None:
-            await self._metrics_http.cleanup()
+        for runner in (self._openai_http, self._metrics_http):
+            if runner is not None:
+                await runner.cleanup()
         engine = self.service.engine
         if engine is not None:
             await engine.stop()

@@ -1,6 +1,7 @@
 """Model audio (24 kHz mono float32, arriving in chunks) -> the bytes a client asked for.
 
-Encodings: headerless PCM16 (little-endian), WAV, Ogg/Opus, and headerless G.711 mu-law / A-law.
+Encodings: headerless PCM16 (little-endian), WAV, Ogg/Opus, and headerless G.711 mu-law / A-law;
+MP3 and FLAC as whole files only (`encode_file`).
 Every encoding goes through the same steps: soxr's streaming resampler to the requested rate,
 clipping to [-1, 1], then libsndfile, written incrementally into a file object that hands each
 encode() the bytes produced so far. soxr's stream carries its filter state across chunks, so
@@ -158,6 +159,29 @@ def encode_whole(samples: np.ndarray, output: OutputFormat, source_rate: int = M
         pcm16 = _encode_at_once(samples, OutputFormat(AudioEncoding.PCM16, output.sample_rate), source_rate)
         return _wav_file(pcm16, output.sample_rate)
     return _encode_at_once(samples, output, source_rate)
+
+
+class FileEncoding(enum.Enum):
+    """Containers libsndfile completes by seeking back to their start when it closes them (FLAC's stream length,
+    MP3's LAME tag, without which decoders misread the first frames): written whole, once the audio is complete."""
+
+    MP3 = "mp3"
+    FLAC = "flac"
+
+
+_FILE_CONTAINERS = {
+    FileEncoding.MP3: _Container("MP3", "MPEG_LAYER_III"),
+    FileEncoding.FLAC: _Container("FLAC", "PCM_16"),
+}
+
+
+def encode_file(samples: np.ndarray, encoding: FileEncoding, sample_rate: int = MODEL_SAMPLE_RATE) -> bytes:
+    """A whole utterance at `sample_rate` (the model's) -> one MP3 or FLAC file, written by libsndfile."""
+    container = _FILE_CONTAINERS[encoding]
+    buffer = io.BytesIO()
+    sf.write(buffer, np.clip(_as_mono_float32(samples), -1.0, 1.0), sample_rate, format=container.format,
+             subtype=container.subtype)
+    return buffer.getvalue()
 
 
 def _encode_at_once(samples: np.ndarray, output: OutputFormat, source_rate: int) -> bytes:

@@ -1,0 +1,317 @@
+"""The OpenAI-compatible HTTP API, beside the gRPC one and on the same engine: POST /v1/audio/speech, GET /v1/models.
+
+A speech call goes through the servicer's own steps (`TextToSpeechService.speech_call`, `prepare`,
+`submit`, `encoded_audio`, `whole_audio`): the same API keys, per-caller limit, input limits, metrics
+(rpc label `OpenAISpeech`), spans and logs as a gRPC call. Only the translation is here: the JSON body
+into a qwen3_tts.v1 VoiceSelection, errors into OpenAI's error JSON, audio into a chunked body or server-sent
+events. `voice` names a built-in speaker of a CustomVoice model; for a VoiceDesign model `instructions`
+describes the voice. `model` is the served model's id or one of OpenAI's speech model names, so that a
+client written for OpenAI runs unchanged.
+
+WAV, PCM and Opus are sent as the engine produces them. MP3 and FLAC are sent once the audio is
+complete: libsndfile finishes those files by rewriting their start. A client that disconnects
+cancels its handler (aiohttp's handler cancellation), which aborts its request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from aiohttp import web
+
+from observability.calls import CallRecord
+from qwen3_tts.v1.protocol import tts_pb2
+from tts_service.api.callers import caller_from, has_valid_key
+from tts_service.api.config import ServerConfig
+from tts_service.api.errors import ApiError, api_error_for, invalid
+from tts_service.api.interceptors import ServingState
+from tts_service.audio.output import MODEL_SAMPLE_RATE, AudioEncoding, FileEncoding, OutputFormat, encode_file
+from tts_service.engine import FinishReason, ModelInfo, RequestStream, SynthesisSummary
+
+if TYPE_CHECKING:
+    from tts_service.api.server import TextToSpeechService
+
+logger = logging.getLogger("tts_service.api.server")
+
+pb: Any = tts_pb2
+SPEECH_RPC = "OpenAISpeech"
+# OpenAI's speech model names, accepted for the served model.
+MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+_STREAMED_FORMATS = {"wav": AudioEncoding.WAV, "pcm": AudioEncoding.PCM16, "opus": AudioEncoding.OGG_OPUS}
+_FILE_FORMATS = {"mp3": FileEncoding.MP3, "flac": FileEncoding.FLAC}
+# As OpenAI labels them; pcm is 16-bit little-endian mono at 24 kHz, which is the model's rate.
+CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "flac": "audio/flac", "wav": "audio/wav",
+                 "pcm": "audio/pcm"}
+STREAM_FORMATS = ("audio", "sse")
+# The fields the shared checks name (the gRPC API's), as this API's parameters.
+_PARAMS = {"text": "input", "voice.speaker": "voice", "voice.instruction": "instructions"}
+_HTTP_STATUSES = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401, grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+# OpenAI's error `type` and `code` for each HTTP status.
+_ERROR_KINDS: dict[int, tuple[str, str | None]] = {
+    400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
+    404: ("invalid_request_error", "model_not_found"), 413: ("invalid_request_error", "request_too_large"),
+    429: ("rate_limit_error", "rate_limit_exceeded"), 503: ("server_error", "service_unavailable"),
+    504: ("server_error", "timeout"), 500: ("server_error", None),
+}
+_INTERNAL = ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    text: str
+    voice: Any  # qwen3_tts.v1.VoiceSelection
+    response_format: str
+    stream_format: str
+
+
+def error_response(error: ApiError) -> web.Response:
+    """OpenAI's error JSON, the parameter named, with the HTTP status the gRPC code stands for."""
+    status = _HTTP_STATUSES.get(error.code, 500)
+    param = _PARAMS.get(error.field, error.field) if error.field is not None else None
+    message = error.message
+    if error.field is not None and param != error.field:
+        message = message.replace(f"{error.field}:", f"{param}:", 1)
+    kind, code = _ERROR_KINDS[status]
+    headers = {}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(math.ceil(error.retry_after_s))
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def parse_speech(body: Any, model: ModelInfo) -> SpeechRequest:
+    """The JSON body, checked field by field; every refusal names its parameter."""
+    if not isinstance(body, dict):
+        raise invalid("body", "must be a JSON object")
+    requested_model = _string(body, "model", required=True)
+    if requested_model not in (model.source, *MODEL_ALIASES):
+        raise ApiError(grpc.StatusCode.NOT_FOUND, f"model: {requested_model!r} is not served here; use "
+                       f"{model.source!r} or one of {', '.join(MODEL_ALIASES)}", field="model")
+    response_format = _string(body, "response_format") or "mp3"
+    if response_format not in CONTENT_TYPES:
+        raise invalid("response_format", f"{response_format!r} is not supported; use one of "
+                                         f"{', '.join(CONTENT_TYPES)}")
+    stream_format = _string(body, "stream_format") or "audio"
+    if stream_format not in STREAM_FORMATS:
+        raise invalid("stream_format", f"{stream_format!r} is not supported; use one of {', '.join(STREAM_FORMATS)}")
+    speed = body.get("speed", 1.0)
+    if speed != 1.0 or isinstance(speed, bool):
+        raise invalid("speed", f"only 1.0 is supported (the model speaks at its own pace), got {speed!r}")
+    voice = _voice(body, model, _string(body, "instructions") or "")
+    return SpeechRequest(_string(body, "input", required=True), voice, response_format, stream_format)
+
+
+def _string(body: dict[str, Any], name: str, required: bool = False) -> str | None:
+    value = body.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise invalid(name, "is required" if value is None else "must be a string")
+    return value
+
+
+def _voice(body: dict[str, Any], model: ModelInfo, instructions: str) -> Any:
+    """`voice` as the model's built-in speaker (a name, or OpenAI's {"id": name}); `instructions` as the
+    instruction (CustomVoice) or the voice's description (VoiceDesign)."""
+    if model.model_type == "voice_design":
+        if not instructions.strip():
+            raise invalid("instructions", "the loaded voice_design model needs a description of the voice here "
+                                          "(`voice` is not used)")
+        return pb.VoiceSelection(instruction=instructions)
+    if model.model_type != "custom_voice":
+        raise invalid("voice", f"the loaded {model.model_type} model clones a voice from reference audio, which "
+                               "only the gRPC API takes")
+    voice = body.get("voice")
+    if isinstance(voice, dict):
+        voice = voice.get("id")
+    if not isinstance(voice, str) or not voice:
+        raise invalid("voice", f"is required: one of {', '.join(model.speakers)}")
+    return pb.VoiceSelection(speaker=voice, instruction=instructions)
+
+
+def _metadata(request: web.Request) -> list[tuple[str, str]]:
+    """The headers as gRPC metadata: names in lower case (the API key, a traceparent)."""
+    return [(name.lower(), value) for name, value in request.headers.items()]
+
+
+def _peer(request: web.Request) -> str:
+    """The client's address in gRPC's spelling, so that a client is one caller through either front door."""
+    remote = request.remote or "unknown"
+    return f"ipv6:[{remote}]:0" if ":" in remote else f"ipv4:{remote}:0"
+
+
+def _usage(summary: SynthesisSummary) -> dict[str, int]:
+    """Text tokens in, audio frames (the model's output tokens) out."""
+    return {"input_tokens": summary.num_text_tokens, "output_tokens": summary.num_frames,
+            "total_tokens": summary.num_text_tokens + summary.num_frames}
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+class OpenAISpeechApi:
+    """The routes, on the servicer that the gRPC server answers with."""
+
+    def __init__(self, service: TextToSpeechService, state: ServingState, config: ServerConfig) -> None:
+        self._service = service
+        self._state = state
+        self._keys = [key.encode() for key in config.api_keys]
+        self._started = int(time.time())
+
+    def app(self, max_body_bytes: int) -> web.Application:
+        app = web.Application(client_max_size=max_body_bytes)
+        app.router.add_post("/v1/audio/speech", self.speech)
+        app.router.add_get("/v1/models", self.models)
+        return app
+
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        """The answer to a request that may not be served now: no valid key, or the server not serving."""
+        if self._keys and not has_valid_key(_metadata(request), self._keys):
+            return error_response(ApiError(grpc.StatusCode.UNAUTHENTICATED,
+                                           "a valid API key is required: send 'Authorization: Bearer KEY'"))
+        if self._state.is_draining:
+            return error_response(ApiError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry"))
+        if not self._state.is_ready or self._service.engine is None:
+            return error_response(ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading; retry"))
+        return None
+
+    async def models(self, request: web.Request) -> web.Response:
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return refusal
+        model = self._service.engine_or_unavailable().model_info
+        entry = {"id": model.source, "object": "model", "created": self._started, "owned_by": "qwen3-tts-service"}
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def speech(self, request: web.Request) -> web.StreamResponse:
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return refusal
+        try:
+            body = await self._body(request)
+        except ApiError as error:
+            return error_response(error)
+        metadata = _metadata(request)
+        caller = caller_from(metadata, _peer(request), uses_keys=bool(self._keys))
+        response = web.StreamResponse()
+        try:
+            async with self._service.speech_call(SPEECH_RPC, caller, metadata, self._ending_status) as record:
+                response.headers["x-request-id"] = record.request_id
+                await self._synthesize(request, response, body, record)
+        except ConnectionError:  # the client left mid-write: nobody is left to answer
+            logger.info("the client disconnected before its audio was sent")
+        except Exception as error:  # every failure of one call ends that call only
+            api_error = self._logged(error)
+            if not response.prepared:
+                return error_response(api_error)
+            await self._end_broken(request, response, api_error)
+        return response
+
+    @staticmethod
+    async def _body(request: web.Request) -> Any:
+        try:
+            return json.loads(await request.read())
+        except web.HTTPRequestEntityTooLarge as error:
+            raise invalid("body", f"is larger than the {error.max_size} bytes accepted") from None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise invalid("body", "is not valid JSON") from None
+
+    async def _synthesize(self, request: web.Request, response: web.StreamResponse, body: Any,
+                          record: CallRecord) -> None:
+        service = self._service
+        speech = parse_speech(body, service.engine_or_unavailable().model_info)
+        prepared = await service.prepare(record, speech.text, speech.voice, pb.GenerationConfig())
+        # HTTP carries no deadline: the server's limit on a call's life bounds it.
+        stream = await service.submit(prepared, record, None, is_text_open=False)
+        try:
+            if speech.response_format in _FILE_FORMATS:
+                await self._send_file(request, response, speech, stream, record)
+            else:
+                await self._send_stream(request, response, speech, stream, record)
+        finally:
+            service.engine_or_unavailable().abort(record.request_id)
+
+    async def _start(self, request: web.Request, response: web.StreamResponse, speech: SpeechRequest) -> None:
+        is_sse = speech.stream_format == "sse"
+        response.content_type = "text/event-stream" if is_sse else CONTENT_TYPES[speech.response_format]
+        if is_sse:
+            response.headers["Cache-Control"] = "no-cache"
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+
+    async def _send_stream(self, request: web.Request, response: web.StreamResponse, speech: SpeechRequest,
+                           stream: RequestStream, record: CallRecord) -> None:
+        """WAV, PCM or Opus, written as the engine produces it."""
+        output = OutputFormat(_STREAMED_FORMATS[speech.response_format], MODEL_SAMPLE_RATE)
+        await self._start(request, response, speech)
+        async for piece in self._service.encoded_audio(stream, output, record):
+            if piece.summary is not None and piece.summary.finish_reason is FinishReason.ABORTED:
+                raise self._service.deadline_error(record)
+            if piece.chunk is not None:
+                await self._write(response, speech, piece.chunk.audio)
+            if piece.summary is not None:
+                await self._end(response, speech, piece.summary)
+
+    async def _send_file(self, request: web.Request, response: web.StreamResponse, speech: SpeechRequest,
+                         stream: RequestStream, record: CallRecord) -> None:
+        """MP3 or FLAC, written once the whole audio is encoded."""
+        waveform, summary = await self._service.whole_audio(stream, record)
+        data = await asyncio.to_thread(encode_file, waveform, _FILE_FORMATS[speech.response_format])
+        await self._start(request, response, speech)
+        await self._write(response, speech, data)
+        await self._end(response, speech, summary)
+
+    @staticmethod
+    async def _write(response: web.StreamResponse, speech: SpeechRequest, audio: bytes) -> None:
+        if speech.stream_format == "sse":
+            await response.write(_event({"type": "speech.audio.delta", "audio": base64.b64encode(audio).decode()}))
+        else:
+            await response.write(audio)
+
+    @staticmethod
+    async def _end(response: web.StreamResponse, speech: SpeechRequest, summary: SynthesisSummary) -> None:
+        if speech.stream_format == "sse":
+            await response.write(_event({"type": "speech.audio.done", "usage": _usage(summary)}))
+        await response.write_eof()
+
+    @staticmethod
+    async def _end_broken(request: web.Request, response: web.StreamResponse, error: ApiError) -> None:
+        """A call that fails once its audio has started: an SSE stream says why in an `error` event; an audio body
+        is cut short (its connection closed before the chunked body's end), so that no client takes it for whole."""
+        if response.content_type == "text/event-stream":
+            body = json.loads(error_response(error).text or "{}")
+            await response.write(_event({"type": "error", **body}))
+            await response.write_eof()
+        elif request.transport is not None:
+            request.transport.close()
+
+    def _ending_status(self, record: CallRecord, error: BaseException) -> str:
+        if isinstance(error, asyncio.CancelledError | GeneratorExit | ConnectionError):
+            return "DEADLINE_EXCEEDED" if self._service.was_expired(record) else "CANCELLED"
+        api_error = api_error_for(error) if isinstance(error, Exception) else None
+        return "INTERNAL" if api_error is None else api_error.code.name
+
+    @staticmethod
+    def _logged(error: Exception) -> ApiError:
+        api_error = api_error_for(error)
+        if api_error is None:
+            logger.exception("failed")
+            return _INTERNAL
+        if api_error.code is grpc.StatusCode.INTERNAL:
+            logger.error("failed: %s", error)
+        else:
+            logger.info("answered %s: %s", api_error.code.name, api_error.message)
+        return api_error
