@@ -4,6 +4,7 @@ a server refuses to start on a port that another one holds."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -97,12 +98,13 @@ def test_shutdown_cancels_calls_still_running_after_the_drain_timeout_and_stops_
 
 @pytest.fixture(scope="module")
 def first_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, dict[str, int]]]:
-    """A serving server process with all three listeners, and its port for each flag."""
-    metrics_port, health_port = free_port(), free_port()
+    """A serving server process with all four listeners, and its port for each flag."""
+    metrics_port, health_port, http_port = free_port(), free_port(), free_port()
     with server_process(tmp_path_factory.mktemp("first-server"), "--metrics-port", str(metrics_port),
-                        "--health-port", str(health_port)) as running:
+                        "--health-port", str(health_port), "--http-port", str(http_port)) as running:
         port = int(running.target.rsplit(":", 1)[1])
-        yield running, {"--port": port, "--metrics-port": metrics_port, "--health-port": health_port}
+        yield running, {"--port": port, "--metrics-port": metrics_port, "--health-port": health_port,
+                        "--http-port": http_port}
 
 
 def run_second_server(ports: dict[str, int]) -> subprocess.CompletedProcess[str]:
@@ -116,7 +118,7 @@ def run_second_server(ports: dict[str, int]) -> subprocess.CompletedProcess[str]
                           timeout=SECOND_SERVER_TIMEOUT_S)
 
 
-@pytest.mark.parametrize("flag", ["--port", "--metrics-port", "--health-port"])
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port", "--health-port", "--http-port"])
 def test_a_second_server_on_a_port_in_use_exits_naming_the_flag_and_the_first_keeps_serving(
         first_server: tuple[ServerProcess, dict[str, int]], flag: str) -> None:
     first, ports = first_server
@@ -132,3 +134,5 @@ def test_a_second_server_on_a_port_in_use_exits_naming_the_flag_and_the_first_ke
         assert status == SERVING
     with urllib.request.urlopen(f"http://127.0.0.1:{ports['--metrics-port']}/metrics", timeout=10) as response:
         assert b"qwen3_tts_build_info" in response.read()
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports['--http-port']}/v1/models", timeout=10) as response:
+        assert json.loads(response.read())["data"][0]["id"] == "random:tiny-custom_voice"
