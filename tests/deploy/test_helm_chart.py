@@ -160,6 +160,9 @@ def test_the_wiring_matches_the_server(helm: str, value_set: str, tmp_path: Path
     assert (config.metrics_port is None) == ("metrics" not in {port["name"] for port in container["ports"]})
     if config.metrics_port is not None:
         assert container_port(container, "metrics") == config.metrics_port
+    assert (config.http_port is None) == ("http" not in {port["name"] for port in container["ports"]})
+    if config.http_port is not None:
+        assert container_port(container, "http") == config.http_port
     probe_port = config.health_port if config.uses_tls else config.port
     assert probe_port is not None, "the kubelet's gRPC probes speak plaintext: a TLS server needs --health-port"
     assert container["startupProbe"]["grpc"] == {"port": probe_port, "service": ""}
@@ -175,6 +178,8 @@ def test_the_wiring_matches_the_server(helm: str, value_set: str, tmp_path: Path
         assert (ports["grpc"]["appProtocol"] in PLAINTEXT_PROTOCOLS) != config.uses_tls
         if "metrics" in ports:
             assert container_port(container, ports["metrics"]["targetPort"]) == config.metrics_port
+        if "http" in ports:
+            assert container_port(container, ports["http"]["targetPort"]) == config.http_port
     for policy in of_kind(documents, "NetworkPolicy"):
         for rule in policy["spec"]["ingress"]:
             for port in rule["ports"]:
@@ -336,6 +341,7 @@ def test_bad_values_fail_schema_validation_naming_the_value(helm: str, settings:
 
 @pytest.mark.parametrize(("settings", "message"), [
     (["--set", "metrics.port=50051"], "metrics.port and server.port are both 50051"),
+    (["--set", "http.enabled=true,http.port=9090"], "http.port and metrics.port are both 9090"),
     (["--set", "tls.enabled=true,tls.secretName=tls,server.healthPort=9090"], "metrics.port and server.healthPort"),
     (["--set", "autoscaling.enabled=true,autoscaling.maxReplicas=2,autoscaling.minReplicas=3"],
      "autoscaling.maxReplicas (2) is below autoscaling.minReplicas (3)"),

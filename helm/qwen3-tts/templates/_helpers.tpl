@@ -88,6 +88,7 @@ Checks that span several values, which values.schema.json cannot express; each m
 {{- $ports := dict }}
 {{- $_ := set $ports "server.port" .Values.server.port }}
 {{- if .Values.metrics.enabled }}{{ $_ := set $ports "metrics.port" .Values.metrics.port }}{{ end }}
+{{- if .Values.http.enabled }}{{ $_ := set $ports "http.port" .Values.http.port }}{{ end }}
 {{- if .Values.tls.enabled }}{{ $_ := set $ports "server.healthPort" .Values.server.healthPort }}{{ end }}
 {{- $seen := dict }}
 {{- range $name, $port := $ports }}
