@@ -146,7 +146,10 @@ def test_one_caller_cannot_hold_more_calls_than_its_limit(tiny_models: dict[str,
     finally:
         server.stop()
     assert code == "RESOURCE_EXHAUSTED" and "--max-calls-per-caller" in details
-    errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+    # The server's and grpc's loggers (this process also runs the client, whose grpc poller sometimes logs an
+    # asyncio callback error of its own: not what this test is about).
+    errors = [record.getMessage() for record in caplog.records
+              if record.levelno >= logging.ERROR and record.name.startswith(("grpc", "tts_service"))]
     assert not errors, errors
 
 
