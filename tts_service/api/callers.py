@@ -30,3 +30,12 @@ def caller_of(context: grpc.aio.ServicerContext, uses_keys: bool) -> str:
     if kind in ("ipv4", "ipv6"):
         address = address.rpartition(":")[0] or address
     return f"{kind}:{address}"
+
+
+def owner_of(context: grpc.aio.ServicerContext, uses_keys: bool) -> str:
+    """Who owns the registered voices a call creates and sees: a digest of its API key (the key itself is never
+    stored), or "" for the one namespace that every caller shares when the server has no keys."""
+    if not uses_keys:
+        return ""
+    key = next(presented_keys(context.invocation_metadata() or ()), "")
+    return hashlib.sha256(key.encode()).hexdigest()

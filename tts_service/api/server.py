@@ -23,12 +23,13 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -39,7 +40,7 @@ from observability.logs import bind_call
 from observability.metrics import LiveState, ServiceMetrics
 from observability.tracing import CallTracer, trace_id_of
 from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
-from tts_service.api.callers import caller_of
+from tts_service.api.callers import caller_of, owner_of
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, answering_errors
 from tts_service.api.interceptors import (
@@ -63,6 +64,15 @@ from tts_service.api.messages import (
     synthesis_input,
 )
 from tts_service.api.text_call import TextCall, call_too_long_error, first_config
+from tts_service.api.voices import (
+    check_can_create_voices,
+    check_create_limits,
+    check_voice_id,
+    check_voice_selection_by_id,
+    fields_at_top_level,
+    not_found,
+    registered_voice_message,
+)
 from tts_service.audio.output import (
     OutputFormat,
     encode_whole,
@@ -79,11 +89,13 @@ from tts_service.engine import (
     SynthesisRequest,
     SynthesisSummary,
     VoiceClone,
+    VoiceNotFoundError,
 )
 
 logger = logging.getLogger(__name__)
 
 pb: Any = tts_pb2
+T = TypeVar("T")
 REQUEST_ID_HEADER = "x-request-id"
 # How long past the server's call limit a call may stay open (only one whose writes are stuck does).
 _STUCK_CALL_GRACE_S = 5.0
@@ -227,7 +239,11 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def ListVoices(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with answering_errors(context):
-            return self._voices(self._engine().model_info)
+            engine = self._engine()
+            response = self._voices(engine.model_info)
+            registered = await engine.registered_voices(self._owner(context))
+            response.registered_voices.extend(registered_voice_message(voice) for voice in registered)
+            return response
 
     def _voices(self, model: ModelInfo) -> Any:
         speakers = [pb.Speaker(name=name, dialect=model.speaker_dialects[name] or "") for name in model.speakers]
@@ -238,6 +254,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                            max_reference_text_chars=config.max_reference_text_chars,
                            max_reference_audio_bytes=config.input_limits.reference_audio_bytes,
                            max_calls_per_caller=config.max_calls_per_caller,
+                           max_voices=config.max_voices, max_voice_bytes=config.max_voice_bytes,
+                           voices_are_persistent=config.voice_store is not None,
                            stream_idle_timeout_seconds=config.stream_idle_timeout_seconds,
                            max_stream_seconds=config.max_stream_seconds)
         return pb.ListVoicesResponse(
@@ -246,6 +264,47 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             accepts_instruction=model.accepts_instruction, supports_in_context_clone=model.can_clone_in_context,
             random_weights=model.is_random, native_sample_rate=model.sample_rate, output_formats=output_formats(),
             limits=limits)
+
+    # Registered voices
+
+    async def CreateVoice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with self._call("CreateVoice", context) as record:
+            engine = self._engine()
+            check_can_create_voices(engine.model_info)
+            check_create_limits(request, self.config.input_limits)
+            owner = self._owner(context)
+            with fields_at_top_level():
+                voice = await self._encode_reference(engine, request, record, lambda wav: engine.create_voice(
+                    wav, request.reference_text or None, request.x_vector_only, owner))
+            logger.info("created voice %s (%s, %.2f s of reference)", voice.voice_id, voice.kind.value,
+                        voice.reference_seconds)
+            return registered_voice_message(voice)
+
+    async def GetVoice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with answering_errors(context):
+            check_voice_id("voice_id", request.voice_id)
+            voice = await self._registered_voice(self._engine(), request.voice_id, context, "voice_id")
+            return registered_voice_message(voice)
+
+    async def DeleteVoice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with answering_errors(context):
+            check_voice_id("voice_id", request.voice_id)
+            try:
+                await self._engine().delete_voice(request.voice_id, self._owner(context))
+            except VoiceNotFoundError:
+                raise not_found("voice_id", request.voice_id) from None
+            logger.info("deleted voice %s", request.voice_id)
+            return pb.DeleteVoiceResponse()
+
+    async def _registered_voice(self, engine: Engine, voice_id: str, context: grpc.aio.ServicerContext,
+                                field: str) -> Any:
+        try:
+            return await engine.registered_voice(voice_id, self._owner(context))
+        except VoiceNotFoundError:
+            raise not_found(field, voice_id) from None
+
+    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        return owner_of(context, uses_keys=bool(self.config.api_keys))
 
     # Synthesize
 
@@ -315,7 +374,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             engine = self._engine()
             started = time.monotonic()
             config = await first_config(request_iterator, self.config)
-            prepared = await self._prepare(record, "", config.voice, config.generation, config.audio_format)
+            prepared = await self._prepare(record, "", config.voice, config.generation, config.audio_format, context)
             stream = await self._submit(engine, prepared, record, context, is_text_open=True)
             call = TextCall(self.config, engine, record, started)
             audio = self._audio_messages(stream, prepared.output, pb.StreamingSynthesizeResponse, record)
@@ -324,15 +383,15 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     # Shared steps
 
-    async def _prepare(self, record: CallRecord, text: str, voice: Any, generation: Any,
-                       audio_format: Any) -> PreparedRequest:
+    async def _prepare(self, record: CallRecord, text: str, voice: Any, generation: Any, audio_format: Any,
+                       context: grpc.aio.ServicerContext) -> PreparedRequest:
         """Check the request (the engine checks the voice at submit) and clone its voice, if any."""
         engine = self._engine()
         output = output_format(audio_format)
         params = generation_params(generation, self.config, engine.model_info)
         check_input_limits(text, voice, self.config.input_limits)
         record.num_text_chars = len(text)
-        clone = await self._clone(engine, voice, record) if voice.reference_audio else None
+        clone = await self._voice_clone(engine, voice, record, context)
         # Whole-text calls default as qwen-tts does for the model; streamed text keeps streaming.
         is_whole_text = record.rpc != "StreamingSynthesize"
         default = engine.model_info.default_non_streaming_text if is_whole_text else False
@@ -340,7 +399,22 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                                synthesis_input(text, voice, clone, non_streaming_text(generation, default)),
                                params, output)
 
-    async def _clone(self, engine: Engine, voice: Any, record: CallRecord) -> VoiceClone:
+    async def _voice_clone(self, engine: Engine, voice: Any, record: CallRecord,
+                           context: grpc.aio.ServicerContext) -> VoiceClone | None:
+        """The request's cloned voice: a registered one, or one cloned from its reference audio; None for none."""
+        if voice.voice_id:
+            check_voice_selection_by_id(voice, engine.model_info)
+            registered = await self._registered_voice(engine, voice.voice_id, context, "voice.voice_id")
+            return registered.clone
+        if not voice.reference_audio:
+            return None
+        return await self._encode_reference(engine, voice, record, lambda wav: engine.clone_voice(
+            wav, voice.reference_text or None, voice.x_vector_only))
+
+    async def _encode_reference(self, engine: Engine, voice: Any, record: CallRecord,
+                                encode: Callable[[np.ndarray], Awaitable[T]]) -> T:
+        """Decode the reference audio of `voice` (a VoiceSelection, or a CreateVoiceRequest, which has the same
+        reference fields) and `encode` it, within the server's limit on clones in progress."""
         check_clone_request(voice, engine.model_info)
         if self._num_clones_in_progress >= self.config.max_waiting_clones:
             raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -351,7 +425,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         try:
             wav = await asyncio.get_running_loop().run_in_executor(self._decode_executor, decode_reference, voice,
                                                                    self._reference_limits)
-            return await engine.clone_voice(wav, voice.reference_text or None, voice.x_vector_only)
+            return await encode(wav)
         finally:
             self._num_clones_in_progress -= 1
             record.voice_clone = (started, time.monotonic())
@@ -360,7 +434,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                                 ) -> tuple[Engine, PreparedRequest, RequestStream]:
         """A Synthesize or SynthesizeOnline request, checked and queued."""
         engine = self._engine()
-        prepared = await self._prepare(record, request.text, request.voice, request.generation, request.audio_format)
+        prepared = await self._prepare(record, request.text, request.voice, request.generation, request.audio_format,
+                                       context)
         return engine, prepared, await self._submit(engine, prepared, record, context, is_text_open=False)
 
     async def _submit(self, engine: Engine, prepared: PreparedRequest, record: CallRecord,

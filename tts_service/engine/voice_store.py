@@ -184,8 +184,10 @@ class VoiceStore:
 
     def create(self, clone: VoiceClone, reference_seconds: float, owner: str) -> RegisteredVoice:
         kind = VoiceKind.X_VECTOR if clone.reference_codes is None else VoiceKind.IN_CONTEXT
+        # An x-vector voice is cloned from the embedding alone: a transcript sent with it was never used.
+        reference_text = (clone.reference_text or "") if kind is VoiceKind.IN_CONTEXT else ""
         voice = RegisteredVoice(voice_id=f"voice_{secrets.token_hex(12)}", owner=owner, kind=kind,
-                                reference_seconds=reference_seconds, reference_text=clone.reference_text or "",
+                                reference_seconds=reference_seconds, reference_text=reference_text,
                                 created_at=time.time(), clone=clone)
         data = encode_voice(voice)
         if len(data) > self.limits.max_voice_bytes:
