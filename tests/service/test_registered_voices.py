@@ -10,8 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients.qwen3_tts_client import AudioFormat, TtsClient, Voice, VoiceReference, tts_pb2
+from clients.qwen3_tts_client import AudioFormat, Connection, TtsClient, Voice, VoiceReference, tts_pb2
 from tests.service.helpers import GREEDY, RunningServer, start_server
+from tests.service.processes import server_process
 from tests.service.test_voice_clone import REFERENCE_TEXT, pcm16_samples, wav_file
 from tts_service.model.checkpoint import LoadedModel
 
@@ -197,3 +198,18 @@ def test_a_model_that_cannot_clone_refuses_to_create_or_use_voices(client: TtsCl
     assert status_of(use.value)[0] is grpc.StatusCode.INVALID_ARGUMENT
     assert use.value.details().startswith("voice.voice_id: the loaded custom_voice model cannot clone voices")
     assert list(client.list_voices().registered_voices) == []
+
+
+def test_a_voice_survives_a_server_restart_with_the_same_store(tmp_path: Path) -> None:
+    store = tmp_path / "voices"
+    flags = ("--voice-store", str(store), "--max-audio-seconds", "0.48")
+    with server_process(tmp_path, *flags, model="random:tiny-base") as first, \
+            TtsClient(Connection(target=first.target)) as tts:
+        created = tts.create_voice(reference(seed=3))
+        before = pcm16(tts, Voice(voice_id=created.voice_id))
+        assert tts.list_voices().limits.voices_are_persistent
+    with server_process(tmp_path, *flags, model="random:tiny-base") as second, \
+            TtsClient(Connection(target=second.target)) as tts:
+        assert tts.get_voice(created.voice_id) == created
+        assert pcm16(tts, Voice(voice_id=created.voice_id)) == before
+        assert "voice store: 1 voice(s)" in second.log_text()
