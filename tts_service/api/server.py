@@ -83,6 +83,7 @@ from tts_service.engine import (
     FinishReason,
     GenerationParams,
     ModelInfo,
+    RegisteredVoice,
     RequestFailed,
     RequestStream,
     SynthesisInput,
@@ -297,7 +298,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             return pb.DeleteVoiceResponse()
 
     async def _registered_voice(self, engine: Engine, voice_id: str, context: grpc.aio.ServicerContext,
-                                field: str) -> Any:
+                                field: str) -> RegisteredVoice:
         try:
             return await engine.registered_voice(voice_id, self._owner(context))
         except VoiceNotFoundError:
