@@ -9,8 +9,9 @@ from clients.qwen3_tts_client.client import (
     Generation,
     TtsClient,
     Voice,
+    VoiceReference,
 )
 from qwen3_tts.v1.protocol import tts_pb2, tts_pb2_grpc
 
-__all__ = ["AsyncTtsClient", "AudioFormat", "Connection", "Flush", "Generation", "TtsClient", "Voice", "tts_pb2",
-           "tts_pb2_grpc"]
+__all__ = ["AsyncTtsClient", "AudioFormat", "Connection", "Flush", "Generation", "TtsClient", "Voice", "VoiceReference",
+           "tts_pb2", "tts_pb2_grpc"]

@@ -6,6 +6,8 @@
     llm ... | qwen3-tts stream -o answer.ogg             (text read from stdin as it arrives)
     qwen3-tts say "Hi." -o - | aplay                     (WAV to a pipe as it is generated)
     qwen3-tts say "Hi." -o - --encoding pcm16 | aplay -f S16_LE -r 24000
+    qwen3-tts voice create --reference-audio me.wav --reference-text "What I said."   (prints a voice id)
+    qwen3-tts say "Hi." --voice-id voice_... -o hi.wav    (see `qwen3-tts voice --help`)
 
 -o/--output FILE: the suffix picks the format: .wav; .flac; .ogg or .opus (Ogg/Opus, at 8, 16, 24 or
 48 kHz); .mp3 where this libsndfile can encode MP3; .pcm, .raw or .l16 (headerless PCM16, little-endian);
@@ -45,6 +47,7 @@ import numpy as np
 import soundfile as sf
 
 from clients.qwen3_tts_client.client import DEFAULT_TARGET, AudioFormat, Connection, Generation, TtsClient, Voice
+from clients.qwen3_tts_client.voice_commands import add_voice_commands, describe_voice, run_voice_command
 
 API_KEY_ENV = "QWEN3_TTS_API_KEY"
 ENCODINGS = ("pcm16", "wav", "ogg_opus", "mulaw", "alaw")
@@ -141,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     stream = commands.add_parser("stream", help="speak text read from stdin as it arrives (bidirectional streaming)")
     for command in (say, stream):
         _add_synthesis_options(command)
+    add_voice_commands(commands, _file_contents)
     return parser
 
 
@@ -156,6 +160,8 @@ def _add_synthesis_options(parser: argparse.ArgumentParser) -> None:
                         help="recording of the voice to clone (Base models)")
     parser.add_argument("--reference-text", default="", help="transcript of the reference audio")
     parser.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding alone")
+    parser.add_argument("--voice-id", default="", help="a registered voice (qwen3-tts voice create), instead of "
+                                                      "--reference-audio")
     parser.add_argument("--encoding", choices=ENCODINGS,
                         help="encoding for stdout or a pipe (default wav; pcm16 is raw samples); a file's suffix "
                              "decides its own, which --encoding may only repeat")
@@ -177,7 +183,7 @@ def _connection(args: argparse.Namespace) -> Connection:
 def _request_parts(args: argparse.Namespace, encoding: str) -> tuple[Voice, AudioFormat, Generation]:
     voice = Voice(speaker=args.speaker, language=args.language, instruction=args.instruction,
                   reference_audio=args.reference_audio or b"", reference_text=args.reference_text,
-                  x_vector_only=args.x_vector_only)
+                  x_vector_only=args.x_vector_only, voice_id=args.voice_id)
     generation = Generation(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed,
                             max_audio_seconds=args.max_seconds)
@@ -412,6 +418,7 @@ def _print_voices(response: Any) -> None:
         lines.append(f"{name}: {rates} Hz ({support.mime_type})")
     limits = response.limits
     lines.append(f"limits: {limits.max_text_chars} characters, {limits.max_audio_seconds:g} s of audio per request")
+    lines += [f"registered voice: {describe_voice(voice)}" for voice in response.registered_voices]
     sys.stdout.write("\n".join(lines) + "\n")
 
 
@@ -434,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         with TtsClient(_connection(args)) as client:
             if args.command == "voices":
                 _print_voices(client.list_voices(timeout=args.timeout))
+            elif args.command == "voice":
+                run_voice_command(client, args)
             else:
                 _say_or_stream(client, args)
     except grpc.RpcError as error:

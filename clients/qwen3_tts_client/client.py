@@ -45,12 +45,28 @@ class Voice:
     reference_audio_pcm16_rate: int = 0
     reference_text: str = ""
     x_vector_only: bool = False
+    voice_id: str = ""  # a registered voice (create_voice), instead of the reference fields
 
     def to_proto(self) -> Any:
         return pb.VoiceSelection(speaker=self.speaker, language=self.language, instruction=self.instruction,
                                  reference_audio=self.reference_audio,
                                  reference_audio_pcm16_rate=self.reference_audio_pcm16_rate,
-                                 reference_text=self.reference_text, x_vector_only=self.x_vector_only)
+                                 reference_text=self.reference_text, x_vector_only=self.x_vector_only,
+                                 voice_id=self.voice_id)
+
+
+@dataclass(frozen=True)
+class VoiceReference:
+    """The recording a registered voice is cloned from (see CreateVoiceRequest in the .proto)."""
+
+    audio: bytes  # an audio file, or raw PCM16 when pcm16_rate is set
+    text: str = ""  # its transcript: needed unless x_vector_only
+    x_vector_only: bool = False
+    pcm16_rate: int = 0
+
+    def to_proto(self) -> Any:
+        return pb.CreateVoiceRequest(reference_audio=self.audio, reference_audio_pcm16_rate=self.pcm16_rate,
+                                     reference_text=self.text, x_vector_only=self.x_vector_only)
 
 
 @dataclass(frozen=True)
@@ -174,6 +190,18 @@ class TtsClient:
     def list_voices(self, timeout: float | None = None) -> Any:
         return self.stub.ListVoices(pb.ListVoicesRequest(), timeout=timeout, metadata=self.connection.metadata)
 
+    def create_voice(self, reference: VoiceReference, timeout: float | None = None) -> Any:
+        """Clone and store a voice; the RegisteredVoice's voice_id then goes in Voice(voice_id=...)."""
+        return self.stub.CreateVoice(reference.to_proto(), timeout=timeout, metadata=self.connection.metadata)
+
+    def get_voice(self, voice_id: str, timeout: float | None = None) -> Any:
+        return self.stub.GetVoice(pb.GetVoiceRequest(voice_id=voice_id), timeout=timeout,
+                                  metadata=self.connection.metadata)
+
+    def delete_voice(self, voice_id: str, timeout: float | None = None) -> None:
+        self.stub.DeleteVoice(pb.DeleteVoiceRequest(voice_id=voice_id), timeout=timeout,
+                              metadata=self.connection.metadata)
+
     def synthesize(self, text: str, voice: Voice | None = None, audio_format: AudioFormat | None = None,
                    generation: Generation | None = None, timeout: float | None = None) -> Any:
         return self.stub.Synthesize(synthesize_request(text, voice, audio_format, generation), timeout=timeout,
@@ -221,6 +249,17 @@ class AsyncTtsClient:
 
     async def list_voices(self, timeout: float | None = None) -> Any:
         return await self.stub.ListVoices(pb.ListVoicesRequest(), timeout=timeout, metadata=self.connection.metadata)
+
+    async def create_voice(self, reference: VoiceReference, timeout: float | None = None) -> Any:
+        return await self.stub.CreateVoice(reference.to_proto(), timeout=timeout, metadata=self.connection.metadata)
+
+    async def get_voice(self, voice_id: str, timeout: float | None = None) -> Any:
+        return await self.stub.GetVoice(pb.GetVoiceRequest(voice_id=voice_id), timeout=timeout,
+                                        metadata=self.connection.metadata)
+
+    async def delete_voice(self, voice_id: str, timeout: float | None = None) -> None:
+        await self.stub.DeleteVoice(pb.DeleteVoiceRequest(voice_id=voice_id), timeout=timeout,
+                                    metadata=self.connection.metadata)
 
     async def synthesize(self, text: str, voice: Voice | None = None, audio_format: AudioFormat | None = None,
                          generation: Generation | None = None, timeout: float | None = None) -> Any:

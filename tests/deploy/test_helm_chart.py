@@ -263,6 +263,25 @@ def test_each_model_source_reaches_the_server_as_its_model_flag(helm: str) -> No
     assert offline["image"].endswith("@sha256:" + "0123456789abcdef" * 4)
 
 
+def test_the_voice_store_claim_is_mounted_where_the_server_keeps_its_voices(helm: str, tmp_path: Path) -> None:
+    assert flag(server_container(render(helm)), "voice-store") is None  # in memory unless asked for
+    documents = render(helm, *values_args("voice-store-values"))
+    (claim,) = of_kind(documents, "PersistentVolumeClaim")
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"] and claim["spec"]["storageClassName"] == "shared-nfs"
+    container = server_container(documents)
+    config = server_config(container, tmp_path)
+    (volume,) = [v for v in pod_spec(documents)["volumes"] if v["name"] == "voices"]
+    assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"]}
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "voices"]
+    assert Path(mount["mountPath"]) == config.voice_store and config.max_voices == 500
+
+    existing = render(helm, "--set", "voiceStore.enabled=true,voiceStore.existingClaim=my-voices")
+    assert of_kind(existing, "PersistentVolumeClaim") == []
+    (volume,) = [v for v in pod_spec(existing)["volumes"] if v["name"] == "voices"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "my-voices"}
+
+
 def test_autoscaling_renders_a_keda_scaled_object_or_an_hpa_and_leaves_replicas_to_it(helm: str) -> None:
     keda = render(helm, *values_args("keda-values"))
     (deployment,) = of_kind(keda, "Deployment")
@@ -329,6 +348,8 @@ def test_the_notes_show_a_grpcurl_call_the_api_accepts(helm: str, tmp_path: Path
     (["--set", "server.port=70000"], "server.port"),
     (["--set", "gpu.count=0"], "gpu.count"),
     (["--set", "image.digest=latest"], "image.digest"),
+    (["--set", "voiceStore.maxVoices=0"], "voiceStore.maxVoices"),
+    (["--set-json", 'voiceStore.accessModes=["ReadOnlyMany"]'], "voiceStore.accessModes"),
     (["--set", "unknownValue=1"], "unknownValue"),
 ])
 def test_bad_values_fail_schema_validation_naming_the_value(helm: str, settings: list[str], message: str) -> None:

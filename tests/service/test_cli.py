@@ -18,6 +18,7 @@ import soundfile as sf
 
 from clients.qwen3_tts_client.cli import main
 from tests.service.helpers import SAMPLES_PER_FRAME, TEST_CONFIG, RunningServer
+from tests.service.test_voice_clone import REFERENCE_TEXT, pcm16_samples, wav_file
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 OUTPUT_RATE = 16000
@@ -184,3 +185,22 @@ def test_a_timeout_of_zero_is_refused_naming_its_flag(custom_voice_server: Runni
         main(["--server", custom_voice_server.target, "--timeout", "0", "voices"])
     assert exited.value.code == 2
     assert "argument --timeout: " in capsys.readouterr().err
+
+
+def test_voice_commands_create_list_use_and_delete_a_registered_voice(base_server: RunningServer, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    reference = tmp_path / "me.wav"
+    reference.write_bytes(wav_file(pcm16_samples(seed=0)))
+    assert run(base_server, "voice", "create", "--reference-audio", str(reference),
+               "--reference-text", REFERENCE_TEXT) == 0
+    voice_id = capsys.readouterr().out.strip()
+    assert run(base_server, "voice", "list") == 0
+    listed = capsys.readouterr().out
+    assert listed.startswith(f"{voice_id}  in_context  1.00 s  ") and repr(REFERENCE_TEXT) in listed
+    output = tmp_path / "hello.wav"
+    assert run(base_server, "say", "Hello.", "--voice-id", voice_id, "--temperature", "0", "-o", str(output)) == 0
+    assert sf.info(str(output)).frames > 0
+    assert run(base_server, "voice", "delete", voice_id) == 0
+    capsys.readouterr()
+    assert run(base_server, "voice", "get", voice_id) == 1
+    assert f"NOT_FOUND: voice_id: no voice {voice_id!r}" in capsys.readouterr().err

@@ -178,4 +178,5 @@ def test_reflection_lists_the_service_and_describes_its_methods(client: TtsClien
     assert {SERVICE_NAME, "grpc.health.v1.Health"} <= set(database.get_services())
     service = DescriptorPool(database).FindServiceByName(SERVICE_NAME)
     assert {method.name for method in service.methods} == {"ListVoices", "Synthesize", "SynthesizeOnline",
-                                                           "StreamingSynthesize"}
+                                                           "StreamingSynthesize", "CreateVoice", "GetVoice",
+                                                           "DeleteVoice"}

@@ -45,3 +45,16 @@ def caller_from(metadata: Iterable[tuple[str, str | bytes]], peer: str, uses_key
     if kind in ("ipv4", "ipv6"):
         address = address.rpartition(":")[0] or address
     return f"{kind}:{address}"
+
+
+def owner_of(context: grpc.aio.ServicerContext, uses_keys: bool) -> str:
+    return owner_from(context.invocation_metadata() or (), uses_keys)
+
+
+def owner_from(metadata: Iterable[tuple[str, str | bytes]], uses_keys: bool) -> str:
+    """Who owns the registered voices a call creates and sees: a digest of its API key (the key itself is never
+    stored), or "" for the one namespace that every caller shares when the server has no keys."""
+    if not uses_keys:
+        return ""
+    key = next(presented_keys(metadata), "")
+    return hashlib.sha256(key.encode()).hexdigest()

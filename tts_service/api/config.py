@@ -69,6 +69,9 @@ class ServerConfig:
     # Speech calls one caller (API key, or peer address without keys) may have in progress.
     max_calls_per_caller: int = _ENGINE.max_running
     max_waiting_clones: int = 8  # calls whose reference audio is being decoded and encoded, or waits to be
+    voice_store: Path | None = None  # registered voices' directory; None: in memory, lost when the process ends
+    max_voices: int = _ENGINE.max_voices  # registered voices stored, all callers together
+    max_voice_bytes: int = _ENGINE.max_voice_bytes  # one registered voice, as stored
     profile_steps: bool = _ENGINE.profile_steps  # the step profiler: phase times into the metrics
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
@@ -93,7 +96,8 @@ class ServerConfig:
         _require(self.http_port is None or self.http_port not in (self.port, self.metrics_port, self.health_port),
                  "http_port", "must differ from --port, --metrics-port and --health-port")
         for name in ("max_text_chars", "max_reference_text_chars", "max_concurrent", "max_waiting",
-                     "max_message_bytes", "max_reference_audio_bytes", "max_calls_per_caller", "max_waiting_clones"):
+                     "max_message_bytes", "max_reference_audio_bytes", "max_calls_per_caller", "max_waiting_clones",
+                     "max_voices", "max_voice_bytes"):
             _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         if self.kv_blocks is not None:
             _require(self.kv_blocks >= 1, "kv_blocks", f"must be >= 1, got {self.kv_blocks}")
@@ -111,6 +115,8 @@ class ServerConfig:
         for name in ("tls_cert", "tls_key", "tls_client_ca"):
             path = getattr(self, name)
             _require(path is None or path.is_file(), name, f"{path} is not a file")
+        _require(self.voice_store is None or not self.voice_store.exists() or self.voice_store.is_dir(),
+                 "voice_store", f"{self.voice_store} is not a directory")
         _require(all(key and key.strip() == key for key in self.api_keys), "api_keys",
                  "keys must be non-empty and carry no surrounding whitespace")
 
@@ -140,7 +146,8 @@ class ServerConfig:
                             max_audio_s=self.max_audio_seconds,
                             max_reference_audio_s=self.max_reference_audio_seconds,
                             max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks,
-                            profile_steps=self.profile_steps)
+                            profile_steps=self.profile_steps, voice_store_dir=self.voice_store,
+                            max_voices=self.max_voices, max_voice_bytes=self.max_voice_bytes)
 
     def describe(self) -> str:
         """One line per setting, for the start-up log; API keys appear only as a count."""
@@ -194,6 +201,10 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                                      "progress")
     add("max-waiting-clones", int, "voice-clone encodings in progress or waiting, beyond which calls with "
                                    "reference audio get RESOURCE_EXHAUSTED")
+    add("voice-store", Path, "directory keeping registered voices (CreateVoice) across restarts; unset: in memory, "
+                             "lost when the server stops")
+    add("max-voices", int, "registered voices stored, all callers together; CreateVoice beyond gets RESOURCE_EXHAUSTED")
+    add("max-voice-bytes", int, "largest registered voice as stored (an in-context voice grows with its reference)")
     add("stream-idle-timeout-seconds", float, "longest wait for the next text of a StreamingSynthesize call")
     add("max-unread-audio-seconds", float, "audio a streaming reader may leave unread before its request pauses")
     add("kv-blocks", int, "KV cache size in blocks (default: from free GPU memory)")

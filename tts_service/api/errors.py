@@ -14,7 +14,14 @@ from grpc_status import rpc_status
 
 from tts_service.audio.output import AudioFormatError
 from tts_service.audio.reference import ReferenceAudioError
-from tts_service.engine import EngineStoppedError, PromptError, QueueFullError, RequestFailed, RequestTooLargeError
+from tts_service.engine import (
+    EngineStoppedError,
+    PromptError,
+    QueueFullError,
+    RequestFailed,
+    RequestTooLargeError,
+    VoiceStoreFullError,
+)
 
 logger = logging.getLogger("tts_service.api.server")
 
@@ -59,6 +66,8 @@ def api_error_for(error: Exception) -> ApiError | None:
         return ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                         "the request needs more memory than the server has; ask for less audio "
                         "(generation.max_audio_seconds) or send a shorter text or reference")
+    if isinstance(error, VoiceStoreFullError):
+        return ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
     if isinstance(error, EngineStoppedError):
         return ApiError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry")
     if isinstance(error, RequestFailed):

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from observability.calls import CallRecord
 from qwen3_tts.v1.protocol import tts_pb2
-from tts_service.api.callers import caller_from, has_valid_key
+from tts_service.api.callers import caller_from, has_valid_key, owner_from
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, api_error_for, invalid
 from tts_service.api.interceptors import ServingState
@@ -210,7 +210,7 @@ class OpenAISpeechApi:
         try:
             async with self._service.speech_call(SPEECH_RPC, caller, metadata, self._ending_status) as record:
                 response.headers["x-request-id"] = record.request_id
-                await self._synthesize(request, response, body, record)
+                await self._synthesize(request, response, body, record, owner_from(metadata, bool(self._keys)))
         except ConnectionError:  # the client left mid-write: nobody is left to answer
             logger.info("the client disconnected before its audio was sent")
         except Exception as error:  # every failure of one call ends that call only
@@ -229,11 +229,11 @@ class OpenAISpeechApi:
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise invalid("body", "is not valid JSON") from None
 
-    async def _synthesize(self, request: web.Request, response: web.StreamResponse, body: Any,
-                          record: CallRecord) -> None:
+    async def _synthesize(self, request: web.Request, response: web.StreamResponse, body: Any, record: CallRecord,
+                          owner: str) -> None:
         service = self._service
         speech = parse_speech(body, service.engine_or_unavailable().model_info)
-        prepared = await service.prepare(record, speech.text, speech.voice, pb.GenerationConfig())
+        prepared = await service.prepare(record, speech.text, speech.voice, pb.GenerationConfig(), owner)
         # HTTP carries no deadline: the server's limit on a call's life bounds it.
         stream = await service.submit(prepared, record, None, is_text_open=False)
         try:

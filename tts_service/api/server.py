@@ -26,10 +26,10 @@ import ssl
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -43,7 +43,7 @@ from observability.logs import bind_call
 from observability.metrics import LiveState, ServiceMetrics
 from observability.tracing import CallTracer, trace_id_of
 from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
-from tts_service.api.callers import caller_of
+from tts_service.api.callers import caller_of, owner_of
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, answering_errors
 from tts_service.api.interceptors import (
@@ -68,6 +68,15 @@ from tts_service.api.messages import (
 )
 from tts_service.api.openai_http import OpenAISpeechApi
 from tts_service.api.text_call import TextCall, call_too_long_error, first_config
+from tts_service.api.voices import (
+    check_can_create_voices,
+    check_create_limits,
+    check_voice_id,
+    check_voice_selection_by_id,
+    fields_at_top_level,
+    not_found,
+    registered_voice_message,
+)
 from tts_service.audio.output import (
     OutputFormat,
     encode_whole,
@@ -78,17 +87,20 @@ from tts_service.engine import (
     FinishReason,
     GenerationParams,
     ModelInfo,
+    RegisteredVoice,
     RequestFailed,
     RequestStream,
     SynthesisInput,
     SynthesisRequest,
     SynthesisSummary,
     VoiceClone,
+    VoiceNotFoundError,
 )
 
 logger = logging.getLogger(__name__)
 
 pb: Any = tts_pb2
+T = TypeVar("T")
 REQUEST_ID_HEADER = "x-request-id"
 # How long past the server's call limit a call may stay open (only one whose writes are stuck does).
 _STUCK_CALL_GRACE_S = 5.0
@@ -266,7 +278,11 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def ListVoices(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with answering_errors(context):
-            return self._voices(self.engine_or_unavailable().model_info)
+            engine = self.engine_or_unavailable()
+            response = self._voices(engine.model_info)
+            registered = await engine.registered_voices(self._owner(context))
+            response.registered_voices.extend(registered_voice_message(voice) for voice in registered)
+            return response
 
     def _voices(self, model: ModelInfo) -> Any:
         speakers = [pb.Speaker(name=name, dialect=model.speaker_dialects[name] or "") for name in model.speakers]
@@ -277,6 +293,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                            max_reference_text_chars=config.max_reference_text_chars,
                            max_reference_audio_bytes=config.input_limits.reference_audio_bytes,
                            max_calls_per_caller=config.max_calls_per_caller,
+                           max_voices=config.max_voices, max_voice_bytes=config.max_voice_bytes,
+                           voices_are_persistent=config.voice_store is not None,
                            stream_idle_timeout_seconds=config.stream_idle_timeout_seconds,
                            max_stream_seconds=config.max_stream_seconds)
         return pb.ListVoicesResponse(
@@ -285,6 +303,47 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             accepts_instruction=model.accepts_instruction, supports_in_context_clone=model.can_clone_in_context,
             random_weights=model.is_random, native_sample_rate=model.sample_rate, output_formats=output_formats(),
             limits=limits)
+
+    # Registered voices
+
+    async def CreateVoice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with self._call("CreateVoice", context) as record:
+            engine = self.engine_or_unavailable()
+            check_can_create_voices(engine.model_info)
+            check_create_limits(request, self.config.input_limits)
+            owner = self._owner(context)
+            with fields_at_top_level():
+                voice = await self._encode_reference(engine, request, record, lambda wav: engine.create_voice(
+                    wav, request.reference_text or None, request.x_vector_only, owner))
+            logger.info("created voice %s (%s, %.2f s of reference)", voice.voice_id, voice.kind.value,
+                        voice.reference_seconds)
+            return registered_voice_message(voice)
+
+    async def GetVoice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with answering_errors(context):
+            check_voice_id("voice_id", request.voice_id)
+            voice = await self._registered_voice(self.engine_or_unavailable(), request.voice_id, self._owner(context),
+                                                 "voice_id")
+            return registered_voice_message(voice)
+
+    async def DeleteVoice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with answering_errors(context):
+            check_voice_id("voice_id", request.voice_id)
+            try:
+                await self.engine_or_unavailable().delete_voice(request.voice_id, self._owner(context))
+            except VoiceNotFoundError:
+                raise not_found("voice_id", request.voice_id) from None
+            logger.info("deleted voice %s", request.voice_id)
+            return pb.DeleteVoiceResponse()
+
+    async def _registered_voice(self, engine: Engine, voice_id: str, owner: str, field: str) -> RegisteredVoice:
+        try:
+            return await engine.registered_voice(voice_id, owner)
+        except VoiceNotFoundError:
+            raise not_found(field, voice_id) from None
+
+    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        return owner_of(context, uses_keys=bool(self.config.api_keys))
 
     # Synthesize
 
@@ -371,7 +430,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             started = time.monotonic()
             config = await first_config(request_iterator, self.config)
             output = output_format(config.audio_format)
-            prepared = await self.prepare(record, "", config.voice, config.generation)
+            prepared = await self.prepare(record, "", config.voice, config.generation, self._owner(context))
             stream = await self.submit(prepared, record, context.time_remaining(), is_text_open=True)
             call = TextCall(self.config, engine, record, started)
             audio = self._audio_messages(stream, output, pb.StreamingSynthesizeResponse, record)
@@ -380,14 +439,15 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     # Shared steps
 
-    async def prepare(self, record: CallRecord, text: str, voice: Any, generation: Any) -> PreparedRequest:
+    async def prepare(self, record: CallRecord, text: str, voice: Any, generation: Any,
+                      owner: str) -> PreparedRequest:
         """Check the request (a qwen3_tts.v1 VoiceSelection and GenerationConfig: the engine checks the voice at submit)
-        and clone its voice, if any."""
+        and clone its voice, if any; a registered voice is looked up among `owner`'s (see callers.owner_from)."""
         engine = self.engine_or_unavailable()
         params = generation_params(generation, self.config, engine.model_info)
         check_input_limits(text, voice, self.config.input_limits)
         record.num_text_chars = len(text)
-        clone = await self._clone(engine, voice, record) if voice.reference_audio else None
+        clone = await self._voice_clone(engine, voice, record, owner)
         # Whole-text calls default as qwen-tts does for the model; streamed text keeps streaming.
         is_whole_text = record.rpc != "StreamingSynthesize"
         default = engine.model_info.default_non_streaming_text if is_whole_text else False
@@ -395,7 +455,21 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                                synthesis_input(text, voice, clone, non_streaming_text(generation, default)),
                                params)
 
-    async def _clone(self, engine: Engine, voice: Any, record: CallRecord) -> VoiceClone:
+    async def _voice_clone(self, engine: Engine, voice: Any, record: CallRecord, owner: str) -> VoiceClone | None:
+        """The request's cloned voice: a registered one, or one cloned from its reference audio; None for none."""
+        if voice.voice_id:
+            check_voice_selection_by_id(voice, engine.model_info)
+            registered = await self._registered_voice(engine, voice.voice_id, owner, "voice.voice_id")
+            return registered.clone
+        if not voice.reference_audio:
+            return None
+        return await self._encode_reference(engine, voice, record, lambda wav: engine.clone_voice(
+            wav, voice.reference_text or None, voice.x_vector_only))
+
+    async def _encode_reference(self, engine: Engine, voice: Any, record: CallRecord,
+                                encode: Callable[[np.ndarray], Awaitable[T]]) -> T:
+        """Decode the reference audio of `voice` (a VoiceSelection, or a CreateVoiceRequest, which has the same
+        reference fields) and `encode` it, within the server's limit on clones in progress."""
         check_clone_request(voice, engine.model_info)
         if self._num_clones_in_progress >= self.config.max_waiting_clones:
             raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -406,7 +480,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         try:
             wav = await asyncio.get_running_loop().run_in_executor(self._decode_executor, decode_reference, voice,
                                                                    self._reference_limits)
-            return await engine.clone_voice(wav, voice.reference_text or None, voice.x_vector_only)
+            return await encode(wav)
         finally:
             self._num_clones_in_progress -= 1
             record.voice_clone = (started, time.monotonic())
@@ -414,7 +488,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     async def _start_whole_text(self, record: CallRecord, request: Any,
                                 context: grpc.aio.ServicerContext) -> RequestStream:
         """A Synthesize or SynthesizeOnline request, checked and queued."""
-        prepared = await self.prepare(record, request.text, request.voice, request.generation)
+        prepared = await self.prepare(record, request.text, request.voice, request.generation, self._owner(context))
         return await self.submit(prepared, record, context.time_remaining(), is_text_open=False)
 
     async def submit(self, prepared: PreparedRequest, record: CallRecord, remaining_s: float | None,

@@ -3,8 +3,9 @@
 `Engine.create(model, EngineConfig(...))` (or `Engine.load(source, device, config)`) loads the runner
 (KV memory, graphs) and a scheduler sized from it; `start()` runs its loop. The front doors use what
 this package exports and nothing below it: submit a `SynthesisRequest` and read its `RequestStream`,
-feed open text with `append_text` / `close_text`, `abort`, `clone_voice`, and read `model_info`,
-`stats` and `occupancy()`.
+feed open text with `append_text` / `close_text`, `abort`, `clone_voice`, keep registered voices with
+`create_voice` / `registered_voice` / `registered_voices` / `delete_voice`, and read `model_info`, `stats` and
+`occupancy()`.
 
 The names are resolved on first use, so that `tts_service.engine.config` (which the server's flags
 need) can be imported without torch.
@@ -28,6 +29,7 @@ _EXPORTS = {
     "ModelInfo": "tts_service.engine.model_info",
     "PromptError": "tts_service.model.prompts",
     "QueueFullError": "scheduler.scheduler",
+    "RegisteredVoice": "tts_service.engine.voice_files",
     "RequestFailed": "tts_service.engine.streams",
     "RequestStream": "tts_service.engine.streams",
     "RequestTooLargeError": "scheduler.scheduler",
@@ -36,6 +38,10 @@ _EXPORTS = {
     "SynthesisRequest": "tts_service.engine.streams",
     "SynthesisSummary": "tts_service.engine.streams",
     "VoiceClone": "tts_service.model.prompts",
+    "VoiceKind": "tts_service.engine.voice_files",
+    "VoiceNotFoundError": "tts_service.engine.voice_store",
+    "VoiceStoreFullError": "tts_service.engine.voice_store",
+    "is_voice_id": "tts_service.engine.voice_store",
 }
 
 __all__ = [
@@ -51,6 +57,7 @@ __all__ = [
     "ModelInfo",
     "PromptError",
     "QueueFullError",
+    "RegisteredVoice",
     "RequestFailed",
     "RequestStream",
     "RequestTooLargeError",
@@ -59,6 +66,10 @@ __all__ = [
     "SynthesisRequest",
     "SynthesisSummary",
     "VoiceClone",
+    "VoiceKind",
+    "VoiceNotFoundError",
+    "VoiceStoreFullError",
+    "is_voice_id",
 ]
 
 if TYPE_CHECKING:
@@ -74,6 +85,8 @@ if TYPE_CHECKING:
         SynthesisRequest,
         SynthesisSummary,
     )
+    from tts_service.engine.voice_files import RegisteredVoice, VoiceKind
+    from tts_service.engine.voice_store import VoiceNotFoundError, VoiceStoreFullError, is_voice_id
     from tts_service.model.checkpoint import CheckpointError
     from tts_service.model.prompts import PromptError, SynthesisInput, VoiceClone
     from tts_service.runner.params import GenerationParams, SamplingParams

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from scheduler.scheduler import SchedulerConfig
 from tts_service.runner.config import RunnerConfig
@@ -57,9 +58,15 @@ class EngineConfig:
     use_fused_kernels: bool = True
     # -- the step profiler --
     profile_steps: bool = False  # host and device time per phase of every step, into stats and metrics
+    # -- registered voices (Base models) --
+    voice_store_dir: Path | None = None  # None: kept in memory, lost when the process ends
+    max_voices: int = 1000  # stored voices, all owners together
+    # One stored voice: an in-context voice's codes take 64 bytes a frame, so 1 MiB holds about 20 minutes of them.
+    max_voice_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_running", "max_waiting", "max_text_chars", "max_reference_text_chars"):
+        for name in ("max_running", "max_waiting", "max_text_chars", "max_reference_text_chars", "max_voices",
+                     "max_voice_bytes"):
             _require(getattr(self, name) >= 1, name, ">= 1")
         _require(self.num_slots is None or self.num_slots >= self.max_running, "num_slots",
                  f">= max_running ({self.max_running})")

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -33,6 +34,8 @@ from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.step_work import CodecRestart, CodecWork, StepDone, StepWork, run_step
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenization
+from tts_service.engine.voice_files import RegisteredVoice, VoiceShape
+from tts_service.engine.voice_store import VoiceLimits, VoiceNotFoundError, VoiceStore
 from tts_service.engine.warm_up import warm_up
 from tts_service.model.checkpoint import LoadedModel, LoadOptions, load_with_offline_fallback
 from tts_service.model.prompts import Prompt, PromptBuilder, PromptError, SynthesisInput, VoiceClone
@@ -42,6 +45,15 @@ from tts_service.runner.runner import DecodeInput, ModelRunner, PrefillInput, St
 logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+T = TypeVar("T")
+
+
+def voice_shape(model: LoadedModel) -> VoiceShape:
+    """What a registered voice must look like for `model`, which can clone."""
+    encoder = model.speaker_encoder
+    assert encoder is not None and model.config.speaker_encoder is not None
+    return VoiceShape(embedding_size=model.config.speaker_encoder.enc_dim,
+                      num_code_groups=model.config.talker.num_code_groups, device=encoder.fc.weight.device)
 
 
 @dataclass
@@ -124,7 +136,7 @@ class Engine:
 
     def __init__(self, model: LoadedModel, runner: ModelRunner, scheduler: Scheduler, prompts: PromptBuilder,
                  tokenization: TextTokenization, clock: Clock = time.monotonic,
-                 max_unread_frames: int | None = None) -> None:
+                 max_unread_frames: int | None = None, voices: VoiceStore | None = None) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self.prompts = prompts
@@ -145,6 +157,10 @@ class Engine:
         self._clone_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-clone")
         # One tokenization at a time: requests are queued in the order their text was tokenized.
         self._prompt_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-prompt")
+        # Registered voices (None: the model cannot clone). The store reads the disk, so in its own thread, one
+        # operation at a time: a count check and the write after it are one step.
+        self._voices = voices
+        self._voice_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-store")
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False
         self.stats = EngineStats()
@@ -160,7 +176,12 @@ class Engine:
         tokenization = TextTokenization.for_tokenizer(model.tokenizer,
                                                       lambda text: prompts.assistant_token_ids(text)[1])
         scheduler = Scheduler(config.scheduler_config(runner.num_kv_blocks, frame_rate_hz))
-        return cls(model, runner, scheduler, prompts, tokenization, clock, config.max_unread_frames(frame_rate_hz))
+        voices = None
+        if model.speaker_encoder is not None:
+            voices = VoiceStore.open(config.voice_store_dir, VoiceLimits(config.max_voices, config.max_voice_bytes),
+                                     voice_shape(model))
+        return cls(model, runner, scheduler, prompts, tokenization, clock, config.max_unread_frames(frame_rate_hz),
+                   voices)
 
     @classmethod
     def load(cls, source: str, device: str, config: EngineConfig) -> Engine:
@@ -192,6 +213,7 @@ class Engine:
         self._executor.shutdown(wait=True)
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
         self._prompt_executor.shutdown(wait=False, cancel_futures=True)
+        self._voice_executor.shutdown(wait=True)  # a voice being written is finished, never cut
 
     @property
     def is_running(self) -> bool:
@@ -295,6 +317,39 @@ class Engine:
         cloning without the codec encoder)."""
         return await asyncio.get_running_loop().run_in_executor(
             self._clone_executor, clone_voice, self._model, wav_24k, reference_text, x_vector_only)
+
+    async def create_voice(self, wav_24k: np.ndarray, reference_text: str | None, x_vector_only: bool,
+                           owner: str) -> RegisteredVoice:
+        """Clone a voice and store it for `owner`. Raises PromptError as clone_voice does, and VoiceStoreFullError
+        past the store's limits (checked before the cloning too, so that a full store costs no encoding)."""
+        voices = self._voices
+        if voices is None:
+            raise PromptError("reference_audio", f"the loaded {self.model_info.model_type} model cannot clone "
+                                                 "voices; registered voices need a Base checkpoint")
+        await self._in_voice_store(voices.check_room)
+        clone = await self.clone_voice(wav_24k, reference_text, x_vector_only)
+        reference_seconds = len(wav_24k) / self.model_info.sample_rate
+        return await self._in_voice_store(voices.create, clone, reference_seconds, owner)
+
+    async def registered_voice(self, voice_id: str, owner: str) -> RegisteredVoice:
+        """The owner's voice `voice_id`; VoiceNotFoundError when it has none by that id."""
+        if self._voices is None:
+            raise VoiceNotFoundError(voice_id)
+        return await self._in_voice_store(self._voices.get, voice_id, owner)
+
+    async def registered_voices(self, owner: str) -> list[RegisteredVoice]:
+        """The owner's voices, oldest first."""
+        if self._voices is None:
+            return []
+        return await self._in_voice_store(self._voices.owned_by, owner)
+
+    async def delete_voice(self, voice_id: str, owner: str) -> None:
+        if self._voices is None:
+            raise VoiceNotFoundError(voice_id)
+        await self._in_voice_store(self._voices.delete, voice_id, owner)
+
+    async def _in_voice_store(self, operation: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._voice_executor, operation, *args)
 
     def abort(self, request_id: str) -> None:
         live = self._live.get(request_id)
