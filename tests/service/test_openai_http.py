@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,10 @@ import openai
 import pytest
 import soundfile as sf
 
+from clients.qwen3_tts_client import Connection, TtsClient, VoiceReference
 from tests.service.helpers import wait_until
 from tests.service.processes import ServerProcess, free_port, server_process
+from tests.service.test_voice_clone import pcm16_samples, wav_file
 from tts_service.api.config import ConfigError, ServerConfig
 from tts_service.api.errors import ApiError
 from tts_service.api.openai_http import parse_speech
@@ -228,10 +231,32 @@ def test_a_voice_design_model_takes_its_voice_description_from_instructions(
     assert refused.value.field == "instructions"
 
 
-def test_a_base_model_is_refused_naming_the_voice(model_infos: dict[str, ModelInfo]) -> None:
+def test_on_a_base_model_the_voice_names_a_registered_voice(model_infos: dict[str, ModelInfo]) -> None:
+    speech = parse_speech({**SPEECH, "voice": "voice_0123"}, model_infos["base"])
+    assert speech.voice.voice_id == "voice_0123" and not speech.voice.speaker
     with pytest.raises(ApiError) as refused:
-        parse_speech(SPEECH, model_infos["base"])
-    assert refused.value.field == "voice" and "reference audio" in refused.value.message
+        parse_speech({**SPEECH, "voice": ""}, model_infos["base"])
+    assert refused.value.field == "voice" and "CreateVoice" in refused.value.message
+
+
+def test_a_voice_registered_over_grpc_speaks_through_the_openai_api(tmp_path: Path) -> None:
+    """Clone once over gRPC, then any OpenAI client speaks with the voice by its id; another key's voice, or an
+    unknown id, is 404 voice_not_found."""
+    http_port = free_port()
+    with server_process(tmp_path, "--http-port", str(http_port), env={"QWEN3_TTS_API_KEYS": "alice,bob"},
+                        model="random:tiny-base") as grpc_server:
+        server = HttpServer(grpc_server, f"http://127.0.0.1:{http_port}/v1", "", http_port)
+        reference = VoiceReference(audio=wav_file(pcm16_samples(seed=3, seconds=1.0)), x_vector_only=True)
+        with TtsClient(Connection(target=grpc_server.target, api_key="alice")) as alice:
+            voice_id = alice.create_voice(reference).voice_id
+        audio = server.client("alice").audio.speech.create(model="tts-1", voice=voice_id, input="Hello there.",
+                                                           response_format="wav").read()
+        samples, rate = decode(audio, "wav")
+        assert rate == 24000 and samples.size > 0
+        for api_key, voice in (("bob", voice_id), ("alice", "voice_" + "0" * 24)):
+            status, _, body = post_speech(server, {**SPEECH, "voice": voice, "response_format": "wav"}, api_key)
+            error = json.loads(body)["error"]
+            assert (status, error["param"], error["code"]) == (404, "voice", "voice_not_found")
 
 
 def test_the_defaults_are_openais_mp3_as_audio(model_infos: dict[str, ModelInfo]) -> None:

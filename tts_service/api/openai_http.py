@@ -4,9 +4,9 @@ A speech call goes through the servicer's own steps (`TextToSpeechService.speech
 `submit`, `encoded_audio`, `whole_audio`): the same API keys, per-caller limit, input limits, metrics
 (rpc label `OpenAISpeech`), spans and logs as a gRPC call. Only the translation is here: the JSON body
 into a qwen3_tts.v1 VoiceSelection, errors into OpenAI's error JSON, audio into a chunked body or server-sent
-events. `voice` names a built-in speaker of a CustomVoice model; for a VoiceDesign model `instructions`
-describes the voice. `model` is the served model's id or one of OpenAI's speech model names, so that a
-client written for OpenAI runs unchanged.
+events. `voice` names a built-in speaker of a CustomVoice model, or on a Base model a voice registered over
+gRPC (CreateVoice); for a VoiceDesign model `instructions` describes the voice. `model` is the served
+model's id or one of OpenAI's speech model names, so that a client written for OpenAI runs unchanged.
 
 WAV, PCM and Opus are sent as the engine produces them. MP3 and FLAC are sent once the audio is
 complete: libsndfile finishes those files by rewriting their start. A client that disconnects
@@ -52,7 +52,7 @@ CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "flac": "audio/flac",
                  "pcm": "audio/pcm"}
 STREAM_FORMATS = ("audio", "sse")
 # The fields the shared checks name (the gRPC API's), as this API's parameters.
-_PARAMS = {"text": "input", "voice.speaker": "voice", "voice.instruction": "instructions"}
+_PARAMS = {"text": "input", "voice.speaker": "voice", "voice.instruction": "instructions", "voice.voice_id": "voice"}
 _HTTP_STATUSES = {
     grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401, grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.UNAVAILABLE: 503,
@@ -84,6 +84,8 @@ def error_response(error: ApiError) -> web.Response:
     if error.field is not None and param != error.field:
         message = message.replace(f"{error.field}:", f"{param}:", 1)
     kind, code = _ERROR_KINDS[status]
+    if status == 404 and param == "voice":
+        code = "voice_not_found"
     headers = {}
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(math.ceil(error.retry_after_s))
@@ -130,12 +132,14 @@ def _voice(body: dict[str, Any], model: ModelInfo, instructions: str) -> Any:
             raise invalid("instructions", "the loaded voice_design model needs a description of the voice here "
                                           "(`voice` is not used)")
         return pb.VoiceSelection(instruction=instructions)
-    if model.model_type != "custom_voice":
-        raise invalid("voice", f"the loaded {model.model_type} model clones a voice from reference audio, which "
-                               "only the gRPC API takes")
     voice = body.get("voice")
     if isinstance(voice, dict):
         voice = voice.get("id")
+    if model.model_type == "base":
+        # A clone model speaks in a voice registered over gRPC (CreateVoice): reference audio is not sent here.
+        if not isinstance(voice, str) or not voice:
+            raise invalid("voice", "is required: the voice_id of a voice registered with CreateVoice")
+        return pb.VoiceSelection(voice_id=voice)
     if not isinstance(voice, str) or not voice:
         raise invalid("voice", f"is required: one of {', '.join(model.speakers)}")
     return pb.VoiceSelection(speaker=voice, instruction=instructions)

@@ -76,4 +76,4 @@ def fields_at_top_level() -> Iterator[None]:
 
 
 def not_found(field: str, voice_id: str) -> ApiError:
-    return ApiError(grpc.StatusCode.NOT_FOUND, f"{field}: no voice {voice_id!r}")
+    return ApiError(grpc.StatusCode.NOT_FOUND, f"{field}: no voice {voice_id!r}", field=field)
