@@ -4,6 +4,9 @@ DeleteVoice, synthesis by voice id, limits, ownership under API keys, and the er
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import pytest
 
 from clients.qwen3_tts_client import AudioFormat, Connection, TtsClient, Voice, VoiceReference, tts_pb2
 from tests.service.helpers import GREEDY, RunningServer, start_server
-from tests.service.processes import server_process
+from tests.service.processes import ROOT, free_port, server_process
 from tests.service.test_voice_clone import REFERENCE_TEXT, pcm16_samples, wav_file
 from tts_service.model.checkpoint import LoadedModel
 
@@ -213,3 +216,14 @@ def test_a_voice_survives_a_server_restart_with_the_same_store(tmp_path: Path) -
         assert tts.get_voice(created.voice_id) == created
         assert pcm16(tts, Voice(voice_id=created.voice_id)) == before
         assert "voice store: 1 voice(s)" in second.log_text()
+
+
+def test_a_voice_store_that_cannot_be_made_stops_the_server_naming_the_flag(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    environment = {name: value for name, value in os.environ.items() if not name.startswith(("QWEN3_TTS_", "OTEL_"))}
+    command = [sys.executable, "-m", "tts_service", "--model", "random:tiny-base", "--device", "cpu", "--host",
+               "127.0.0.1", "--port", str(free_port()), "--voice-store", str(blocker / "voices")]
+    ended = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 1, ended.stderr[-4000:]
+    assert f"cannot use the voice store: --voice-store {blocker / 'voices'}" in ended.stderr

@@ -105,7 +105,7 @@ def start_tracing(config: ServerConfig, model: ModelInfo) -> CallTracer | None:
 
 async def serve(config: ServerConfig) -> int:
     from tts_service.api.server import TtsServer
-    from tts_service.engine import CheckpointError, RequestFailed
+    from tts_service.engine import CheckpointError, RequestFailed, VoiceStoreUnusableError
 
     try:
         server = TtsServer(config)
@@ -137,6 +137,9 @@ async def serve(config: ServerConfig) -> int:
         await stop.wait()
         logger.info("shutdown requested")
         return 0
+    except VoiceStoreUnusableError as error:
+        logger.error("cannot use the voice store: %s", error)
+        return 1
     except (CheckpointError, ValueError, OSError) as error:
         logger.error("cannot load the model: %s", error)
         return 1

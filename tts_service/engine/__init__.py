@@ -41,6 +41,7 @@ _EXPORTS = {
     "VoiceKind": "tts_service.engine.voice_files",
     "VoiceNotFoundError": "tts_service.engine.voice_store",
     "VoiceStoreFullError": "tts_service.engine.voice_store",
+    "VoiceStoreUnusableError": "tts_service.engine.voice_store",
     "is_voice_id": "tts_service.engine.voice_store",
 }
 
@@ -69,6 +70,7 @@ __all__ = [
     "VoiceKind",
     "VoiceNotFoundError",
     "VoiceStoreFullError",
+    "VoiceStoreUnusableError",
     "is_voice_id",
 ]
 
@@ -86,7 +88,12 @@ if TYPE_CHECKING:
         SynthesisSummary,
     )
     from tts_service.engine.voice_files import RegisteredVoice, VoiceKind
-    from tts_service.engine.voice_store import VoiceNotFoundError, VoiceStoreFullError, is_voice_id
+    from tts_service.engine.voice_store import (
+        VoiceNotFoundError,
+        VoiceStoreFullError,
+        VoiceStoreUnusableError,
+        is_voice_id,
+    )
     from tts_service.model.checkpoint import CheckpointError
     from tts_service.model.prompts import PromptError, SynthesisInput, VoiceClone
     from tts_service.runner.params import GenerationParams, SamplingParams

@@ -57,6 +57,10 @@ class VoiceStoreFullError(Exception):
     """A new voice would pass a limit of the store; the message names it."""
 
 
+class VoiceStoreUnusableError(Exception):
+    """The voice-store directory cannot be made or written; the message names the flag and the directory."""
+
+
 @dataclass(frozen=True)
 class VoiceLimits:
     max_voices: int
@@ -98,6 +102,12 @@ class DirectoryStorage:
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
+
+    def check_writable(self) -> None:
+        """Raise OSError now, at start-up, when a voice could not be written here later."""
+        descriptor, temporary = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=self.directory)
+        os.close(descriptor)
+        Path(temporary).unlink()
 
     def read(self, voice_id: str) -> bytes | None:
         try:
@@ -165,8 +175,12 @@ class VoiceStore:
         if directory is None:
             logger.info("voice store: in memory, registered voices end with the process")
             return cls(MemoryStorage(), limits, shape)
-        storage = DirectoryStorage(directory)
-        storage.remove_abandoned_writes()
+        try:
+            storage = DirectoryStorage(directory)
+            storage.check_writable()
+            storage.remove_abandoned_writes()
+        except OSError as error:
+            raise VoiceStoreUnusableError(f"--voice-store {directory}: {error.strerror or error}") from error
         store = cls(storage, limits, shape)
         num_usable = sum(1 for voice_id in storage.ids() if store._read(voice_id) is not None)
         logger.info("voice store: %d voice(s) in %s", num_usable, directory)
