@@ -15,7 +15,7 @@ from tts_service.engine.voice_store import VoiceLimits, VoiceNotFoundError, Voic
 from tts_service.model.prompts import VoiceClone
 
 SHAPE = VoiceShape(embedding_size=8, num_code_groups=4, device=torch.device("cpu"))
-LIMITS = VoiceLimits(max_voices=10, max_voice_bytes=1 << 20)
+LIMITS = VoiceLimits(max_voices=10, max_voice_bytes=1 << 20, max_voices_per_owner=10)
 IN_CONTEXT = VoiceClone(speaker_embedding=torch.linspace(-1, 1, 8), reference_codes=((1, 2, 3, 4), (5, 6, 7, 8)),
                         reference_text="Hello.")
 
@@ -109,14 +109,25 @@ def test_another_owner_sees_nothing_and_cannot_delete(tmp_path: Path) -> None:
 
 
 def test_the_count_and_size_limits_refuse_a_new_voice(tmp_path: Path) -> None:
-    store = open_store(tmp_path, limits=VoiceLimits(max_voices=1, max_voice_bytes=1 << 20))
+    store = open_store(tmp_path, limits=VoiceLimits(max_voices=1, max_voice_bytes=1 << 20, max_voices_per_owner=1))
     store.create(IN_CONTEXT, 1.0, owner="")
     with pytest.raises(VoiceStoreFullError, match="--max-voices"):
         store.create(IN_CONTEXT, 1.0, owner="")
-    tiny = open_store(tmp_path / "tiny", limits=VoiceLimits(max_voices=10, max_voice_bytes=100))
+    tiny = open_store(tmp_path / "tiny",
+                      limits=VoiceLimits(max_voices=10, max_voice_bytes=100, max_voices_per_owner=10))
     with pytest.raises(VoiceStoreFullError, match="--max-voice-bytes"):
         tiny.create(IN_CONTEXT, 1.0, owner="")
     assert tiny.owned_by("") == []
+
+
+def test_one_owner_cannot_take_more_than_its_share_and_others_still_can_add(tmp_path: Path) -> None:
+    store = open_store(tmp_path, limits=VoiceLimits(max_voices=10, max_voice_bytes=1 << 20, max_voices_per_owner=2))
+    for _ in range(2):
+        store.create(IN_CONTEXT, 1.0, owner="alice")
+    with pytest.raises(VoiceStoreFullError, match="--max-voices-per-caller"):
+        store.create(IN_CONTEXT, 1.0, owner="alice")
+    assert store.create(IN_CONTEXT, 1.0, owner="bob").owner == "bob"
+    assert len(store.owned_by("alice")) == 2
 
 
 def test_a_memory_store_keeps_voices_without_a_directory() -> None:

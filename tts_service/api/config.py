@@ -71,6 +71,7 @@ class ServerConfig:
     max_waiting_clones: int = 8  # calls whose reference audio is being decoded and encoded, or waits to be
     voice_store: Path | None = None  # registered voices' directory; None: in memory, lost when the process ends
     max_voices: int = _ENGINE.max_voices  # registered voices stored, all callers together
+    max_voices_per_caller: int = _ENGINE.max_voices_per_owner  # registered voices of one caller (API key)
     max_voice_bytes: int = _ENGINE.max_voice_bytes  # one registered voice, as stored
     profile_steps: bool = _ENGINE.profile_steps  # the step profiler: phase times into the metrics
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
@@ -97,7 +98,7 @@ class ServerConfig:
                  "http_port", "must differ from --port, --metrics-port and --health-port")
         for name in ("max_text_chars", "max_reference_text_chars", "max_concurrent", "max_waiting",
                      "max_message_bytes", "max_reference_audio_bytes", "max_calls_per_caller", "max_waiting_clones",
-                     "max_voices", "max_voice_bytes"):
+                     "max_voices", "max_voices_per_caller", "max_voice_bytes"):
             _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         if self.kv_blocks is not None:
             _require(self.kv_blocks >= 1, "kv_blocks", f"must be >= 1, got {self.kv_blocks}")
@@ -147,7 +148,8 @@ class ServerConfig:
                             max_reference_audio_s=self.max_reference_audio_seconds,
                             max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks,
                             profile_steps=self.profile_steps, voice_store_dir=self.voice_store,
-                            max_voices=self.max_voices, max_voice_bytes=self.max_voice_bytes)
+                            max_voices=self.max_voices, max_voices_per_owner=self.max_voices_per_caller,
+                            max_voice_bytes=self.max_voice_bytes)
 
     def describe(self) -> str:
         """One line per setting, for the start-up log; API keys appear only as a count."""
@@ -204,6 +206,8 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("voice-store", Path, "directory keeping registered voices (CreateVoice) across restarts; unset: in memory, "
                              "lost when the server stops")
     add("max-voices", int, "registered voices stored, all callers together; CreateVoice beyond gets RESOURCE_EXHAUSTED")
+    add("max-voices-per-caller", int, "registered voices one caller (API key; without keys, all callers share "
+                                      "one namespace) may keep; CreateVoice beyond gets RESOURCE_EXHAUSTED")
     add("max-voice-bytes", int, "largest registered voice as stored (an in-context voice grows with its reference)")
     add("stream-idle-timeout-seconds", float, "longest wait for the next text of a StreamingSynthesize call")
     add("max-unread-audio-seconds", float, "audio a streaming reader may leave unread before its request pauses")

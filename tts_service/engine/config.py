@@ -61,12 +61,13 @@ class EngineConfig:
     # -- registered voices (Base models) --
     voice_store_dir: Path | None = None  # None: kept in memory, lost when the process ends
     max_voices: int = 1000  # stored voices, all owners together
+    max_voices_per_owner: int = 100  # stored voices of one owner (API key), so that no key fills the store
     # One stored voice: an in-context voice's codes take 64 bytes a frame, so 1 MiB holds about 20 minutes of them.
     max_voice_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_waiting", "max_text_chars", "max_reference_text_chars", "max_voices",
-                     "max_voice_bytes"):
+                     "max_voices_per_owner", "max_voice_bytes"):
             _require(getattr(self, name) >= 1, name, ">= 1")
         _require(self.num_slots is None or self.num_slots >= self.max_running, "num_slots",
                  f">= max_running ({self.max_running})")

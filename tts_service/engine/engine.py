@@ -178,8 +178,8 @@ class Engine:
         scheduler = Scheduler(config.scheduler_config(runner.num_kv_blocks, frame_rate_hz))
         voices = None
         if model.speaker_encoder is not None:
-            voices = VoiceStore.open(config.voice_store_dir, VoiceLimits(config.max_voices, config.max_voice_bytes),
-                                     voice_shape(model))
+            limits = VoiceLimits(config.max_voices, config.max_voice_bytes, config.max_voices_per_owner)
+            voices = VoiceStore.open(config.voice_store_dir, limits, voice_shape(model))
         return cls(model, runner, scheduler, prompts, tokenization, clock, config.max_unread_frames(frame_rate_hz),
                    voices)
 
@@ -326,7 +326,7 @@ class Engine:
         if voices is None:
             raise PromptError("reference_audio", f"the loaded {self.model_info.model_type} model cannot clone "
                                                  "voices; registered voices need a Base checkpoint")
-        await self._in_voice_store(voices.check_room)
+        await self._in_voice_store(voices.check_room, owner)
         clone = await self.clone_voice(wav_24k, reference_text, x_vector_only)
         reference_seconds = len(wav_24k) / self.model_info.sample_rate
         return await self._in_voice_store(voices.create, clone, reference_seconds, owner)

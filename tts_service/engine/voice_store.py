@@ -65,6 +65,7 @@ class VoiceStoreUnusableError(Exception):
 class VoiceLimits:
     max_voices: int
     max_voice_bytes: int
+    max_voices_per_owner: int
 
 
 class Storage(Protocol):
@@ -190,11 +191,15 @@ class VoiceStore:
     def is_persistent(self) -> bool:
         return isinstance(self.storage, DirectoryStorage)
 
-    def check_room(self) -> None:
-        """Raise VoiceStoreFullError when no voice can be added."""
-        if len(self.storage.ids()) >= self.limits.max_voices:
-            raise VoiceStoreFullError(f"the server already stores {self.limits.max_voices} voices, the most it "
+    def check_room(self, owner: str) -> None:
+        """Raise VoiceStoreFullError when the owner may add no voice: the store or the owner's share is full."""
+        limits = self.limits
+        if len(self.storage.ids()) >= limits.max_voices:
+            raise VoiceStoreFullError(f"the server already stores {limits.max_voices} voices, the most it "
                                       "keeps (--max-voices); delete one first")
+        if len(self.owned_by(owner)) >= limits.max_voices_per_owner:
+            raise VoiceStoreFullError(f"this caller already has {limits.max_voices_per_owner} voices, the most one "
+                                      "caller may keep (--max-voices-per-caller); delete one first")
 
     def create(self, clone: VoiceClone, reference_seconds: float, owner: str) -> RegisteredVoice:
         kind = VoiceKind.X_VECTOR if clone.reference_codes is None else VoiceKind.IN_CONTEXT
@@ -208,7 +213,7 @@ class VoiceStore:
             raise VoiceStoreFullError(f"the voice takes {len(data)} bytes, more than the {self.limits.max_voice_bytes} "
                                       "one voice may take (--max-voice-bytes); use a shorter reference recording, "
                                       "or x_vector_only")
-        self.check_room()
+        self.check_room(owner)
         self.storage.write(voice.voice_id, data)
         return voice
 
