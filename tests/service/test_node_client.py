@@ -21,6 +21,7 @@ import pytest
 import soundfile
 
 from tests.service.processes import ROOT, ServerProcess, server_process
+from tests.service.test_voice_clone import pcm16_samples, wav_file
 
 NODE_PACKAGE = ROOT / "clients" / "node"
 CLI = NODE_PACKAGE / "bin" / "qwen3-tts.js"
@@ -216,3 +217,27 @@ def test_missing_api_key_makes_the_cli_exit_nonzero_with_unauthenticated(node: s
                      api_key=None)
     assert result.returncode != 0
     assert "UNAUTHENTICATED" in result.stderr
+
+
+def test_the_voice_commands_clone_once_speak_by_id_and_forget(node: str, tmp_path: Path) -> None:
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"{API_KEY}\n")
+    reference = tmp_path / "me.wav"
+    reference.write_bytes(wav_file(pcm16_samples(seed=4, seconds=1.0)))
+    with server_process(tmp_path, "--api-keys-file", str(keys), "--max-audio-seconds", str(MAX_AUDIO_SECONDS),
+                        model="random:tiny-base") as base:
+        created = run_cli(node, base, "voice", "create", "--reference-audio", str(reference), "--x-vector-only")
+        assert created.returncode == 0, created.stderr
+        voice_id = created.stdout.strip()
+        listed = run_cli(node, base, "voice", "list")
+        assert listed.returncode == 0 and listed.stdout.startswith(f"{voice_id}\tx_vector\t1.00 s"), listed.stdout
+        output = tmp_path / "mine.wav"
+        spoken = run_cli(node, base, "say", "In my voice.", "-o", str(output), "--voice-id", voice_id,
+                         "--max-seconds", "0.32")
+        assert spoken.returncode == 0, spoken.stderr
+        assert soundfile.info(str(output)).frames == 4 * SAMPLES_PER_FRAME_24K
+        got = run_cli(node, base, "voice", "get", voice_id, "--json")
+        assert got.returncode == 0 and json.loads(got.stdout)["kind"] == "VOICE_KIND_X_VECTOR"
+        assert run_cli(node, base, "voice", "delete", voice_id).returncode == 0
+        gone = run_cli(node, base, "voice", "get", voice_id)
+        assert gone.returncode == 1 and "NOT_FOUND" in gone.stderr

@@ -14,6 +14,9 @@ commands:
   voices                 show the model, its speakers, languages and audio formats
   say TEXT               speak TEXT into a file (audio streamed to it as it is generated)
   stream                 speak text read from stdin as it arrives (bidirectional streaming)
+  voice create           clone a voice from --reference-audio (Base models) and keep it; prints its id
+  voice get|delete ID    show or forget a registered voice
+  voice list             the registered voices of this caller
 
 connection:
   --server HOST:PORT     the server (default localhost:50051)
@@ -29,15 +32,23 @@ say / stream:
   --speaker NAME         built-in speaker (CustomVoice models)
   --language NAME        language of the text (default auto)
   --instruction TEXT     voice description or speaking style
+  --voice-id ID          a registered voice (voice create) instead of the fields above
   --encoding ENC         wav, pcm16, ogg_opus, mulaw or alaw (default: from the output's suffix, else wav)
   --sample-rate HZ       output rate (default 24000)
   --temperature T  --top-k K  --top-p P  --repetition-penalty R  --seed N  --max-seconds S
   --unary                say: one Synthesize call instead of streaming the audio back
 
+voice create:
+  --reference-audio FILE the recording to clone (an audio file)
+  --reference-text TEXT  its transcript (an in-context voice); without it, --x-vector-only
+  --x-vector-only        clone from the speaker embedding alone
+
 examples:
   qwen3-tts-node say "Hello there." -o hello.wav --speaker ryan --language english
   llm ... | qwen3-tts-node stream -o answer.wav --speaker ryan
   qwen3-tts-node say "Hi." -o - --encoding pcm16 --sample-rate 16000 | aplay -f S16_LE -r 16000
+  ID=$(qwen3-tts-node voice create --reference-audio me.wav --reference-text "What I said.")
+  qwen3-tts-node say "In my voice." -o mine.wav --voice-id "$ID"
 `;
 
 // The model's own rate: AudioFormat.sample_rate 0 means this.
@@ -62,6 +73,10 @@ const OPTIONS = {
   speaker: { type: 'string', default: '' },
   language: { type: 'string', default: '' },
   instruction: { type: 'string', default: '' },
+  'voice-id': { type: 'string', default: '' },
+  'reference-audio': { type: 'string' },
+  'reference-text': { type: 'string', default: '' },
+  'x-vector-only': { type: 'boolean', default: false },
   encoding: { type: 'string' },
   'sample-rate': { type: 'string' },
   temperature: { type: 'string' },
@@ -115,7 +130,8 @@ function requestParts(values) {
     max_audio_seconds: number(values, 'max-seconds'),
   };
   return {
-    voice: { speaker: values.speaker, language: values.language, instruction: values.instruction },
+    voice: { speaker: values.speaker, language: values.language, instruction: values.instruction,
+      voice_id: values['voice-id'] },
     audio_format: { encoding: encodingName(encodingOf(values)), sample_rate: number(values, 'sample-rate', { integer: true }) ?? 0 },
     generation: Object.fromEntries(Object.entries(generation).filter(([, v]) => v !== undefined)),
   };
@@ -208,6 +224,32 @@ function describeVoices(response) {
   return `${lines.join('\n')}\n`;
 }
 
+function describeVoice(voice) {
+  const kind = voice.kind.replace(/^VOICE_KIND_/, '').toLowerCase();
+  const created = voice.create_time ? new Date(Number(voice.create_time.seconds) * 1000).toISOString() : '';
+  return `${voice.voice_id}\t${kind}\t${voice.reference_seconds.toFixed(2)} s\t${created}\t${voice.reference_text}`;
+}
+
+async function voiceCommand(client, values, [action, ...ids]) {
+  const expected = { create: 0, get: 1, delete: 1, list: 0 }[action];
+  if (expected === undefined) throw new UsageError(`voice: unknown action '${action ?? ''}' (create, get, list, delete)`);
+  if (ids.length !== expected) throw new UsageError(`voice ${action} takes ${expected ? 'one voice id' : 'no arguments'}`);
+  if (action === 'create') {
+    if (!values['reference-audio']) throw new UsageError('voice create needs --reference-audio FILE');
+    const voice = await client.createVoice({
+      reference_audio: readFileSync(values['reference-audio']), reference_text: values['reference-text'],
+      x_vector_only: values['x-vector-only'],
+    });
+    return values.json ? JSON.stringify(voice, null, 2) : voice.voice_id;
+  }
+  if (action === 'delete') {
+    await client.deleteVoice(ids[0]);
+    return `deleted ${ids[0]}`;
+  }
+  const voices = action === 'get' ? [await client.getVoice(ids[0])] : (await client.listVoices()).registered_voices;
+  return values.json ? JSON.stringify(action === 'get' ? voices[0] : voices, null, 2) : voices.map(describeVoice).join('\n');
+}
+
 async function main(argv) {
   let parsed;
   try {
@@ -221,7 +263,7 @@ async function main(argv) {
     return values.help ? 0 : 2;
   }
   const [command, ...rest] = positionals;
-  const expected = { voices: 0, say: 1, stream: 0 }[command];
+  const expected = { voices: 0, say: 1, stream: 0, voice: rest.length }[command];
   if (expected === undefined) throw new UsageError(`unknown command '${command}'`);
   if (rest.length !== expected) throw new UsageError(command === 'say' ? 'say takes one TEXT argument' : `${command} takes no arguments`);
   if (values.unary && command !== 'say') throw new UsageError('--unary is an option of say');
@@ -230,7 +272,10 @@ async function main(argv) {
   const interrupted = new Promise((resolve) => process.once('SIGINT', () => resolve(130)));
   try {
     const work = (async () => {
-      if (command === 'voices') {
+      if (command === 'voice') {
+        const text = await voiceCommand(client, values, rest);
+        if (text) process.stdout.write(`${text}\n`);
+      } else if (command === 'voices') {
         const response = await client.listVoices();
         process.stdout.write(values.json ? `${JSON.stringify(response, null, 2)}\n` : describeVoices(response));
       } else {

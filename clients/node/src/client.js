@@ -245,10 +245,30 @@ export function createClient(options = {}) {
     /** The underlying @grpc/grpc-js client, for anything this wrapper does not cover. */
     grpcClient: stub,
 
-    /** ListVoicesResponse: the model, its speakers, languages, output formats and limits. */
+    /** ListVoicesResponse: the model, its speakers, languages, output formats, limits and the caller's voices. */
     async listVoices(opts) {
       const [response] = await unary('ListVoices', {}, opts);
       return response;
+    },
+
+    /**
+     * Clone a voice once and keep it (Base models): `request` is a CreateVoiceRequest ({reference_audio: Buffer,
+     * reference_text, x_vector_only}). Resolves with the RegisteredVoice; speak with it as voice: {voice_id}.
+     */
+    async createVoice(request, opts) {
+      const [response] = await unary('CreateVoice', check('CreateVoiceRequest', request), opts);
+      return response;
+    },
+
+    /** The RegisteredVoice `voiceId` (NOT_FOUND for an unknown id or another key's voice). */
+    async getVoice(voiceId, opts) {
+      const [response] = await unary('GetVoice', check('GetVoiceRequest', { voice_id: voiceId }), opts);
+      return response;
+    },
+
+    /** Forget the registered voice `voiceId`. */
+    async deleteVoice(voiceId, opts) {
+      await unary('DeleteVoice', check('DeleteVoiceRequest', { voice_id: voiceId }), opts);
     },
 
     /**
