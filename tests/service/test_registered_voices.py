@@ -159,6 +159,23 @@ def test_a_voice_belongs_to_its_key_and_another_key_is_told_it_does_not_exist(ke
         assert pcm16(alice, Voice(voice_id=voice_id))
 
 
+def test_one_key_cannot_keep_more_voices_than_its_share_and_another_key_still_can(
+        tiny_models: dict[str, LoadedModel]) -> None:
+    server = start_server(tiny_models["base"], api_keys=frozenset({"key-alice", "key-bob"}), max_voices_per_caller=1)
+    try:
+        with server.client(api_key="key-alice") as alice, server.client(api_key="key-bob") as bob:
+            alice.create_voice(reference(x_vector_only=True))
+            with pytest.raises(grpc.RpcError) as refused:
+                alice.create_voice(reference(seed=1, x_vector_only=True))
+            assert bob.create_voice(reference(seed=2, x_vector_only=True)).voice_id
+            limits = bob.list_voices().limits
+    finally:
+        server.stop()
+    assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-voices-per-caller" in refused.value.details()
+    assert limits.max_voices_per_caller == 1
+
+
 BAD_REQUESTS = {
     "voice id with reference audio": (
         lambda tts: tts.synthesize("Hi.", Voice(voice_id=UNKNOWN_ID, reference_audio=b"x", x_vector_only=True)),

@@ -293,7 +293,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                            max_reference_text_chars=config.max_reference_text_chars,
                            max_reference_audio_bytes=config.input_limits.reference_audio_bytes,
                            max_calls_per_caller=config.max_calls_per_caller,
-                           max_voices=config.max_voices, max_voice_bytes=config.max_voice_bytes,
+                           max_voices=config.max_voices, max_voices_per_caller=config.max_voices_per_caller,
+                           max_voice_bytes=config.max_voice_bytes,
                            voices_are_persistent=config.voice_store is not None,
                            stream_idle_timeout_seconds=config.stream_idle_timeout_seconds,
                            max_stream_seconds=config.max_stream_seconds)
