@@ -21,7 +21,7 @@ import pytest
 import soundfile as sf
 
 from clients.qwen3_tts_client import Connection, TtsClient, VoiceReference
-from tests.service.helpers import wait_until
+from tests.service.helpers import start_server, wait_until
 from tests.service.processes import ServerProcess, free_port, server_process
 from tests.service.test_voice_clone import pcm16_samples, wav_file
 from tts_service.api.config import ConfigError, ServerConfig
@@ -267,3 +267,19 @@ def test_the_defaults_are_openais_mp3_as_audio(model_infos: dict[str, ModelInfo]
 def test_the_http_port_must_differ_from_the_grpc_port() -> None:
     with pytest.raises(ConfigError, match="--http-port"):
         ServerConfig(port=50051, http_port=50051)
+
+
+def test_while_the_model_loads_the_http_api_answers_503_in_openais_shape() -> None:
+    http_port = free_port()
+    server = start_server(None, with_engine=False, http_port=http_port)
+    try:
+        for path, data in (("models", None), ("audio/speech", json.dumps(SPEECH).encode())):
+            request = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/{path}", data=data,
+                                             headers={"Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            error = json.loads(refused.value.read())["error"]
+            assert (refused.value.code, error["type"], error["code"]) == (503, "server_error", "service_unavailable")
+            assert "loading" in error["message"]
+    finally:
+        server.stop()
