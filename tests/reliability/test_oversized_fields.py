@@ -17,7 +17,10 @@ from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
 from tests.service.processes import ServerProcess, server_process
 
 pb: Any = tts_pb2
-MAX_HEALTH_LATENCY_S = 0.1
+# Health checks keep being answered while oversized calls are refused: none waits long. On a 2-core machine that also
+# runs the client sending the 30 MB and the server receiving it, the OS alone has delayed one check by 0.2 s (seen in
+# CI, on a server idle but for these calls), so a check may take up to 0.5 s; a stall beyond that is the server's.
+MAX_HEALTH_LATENCY_S = 0.5
 # What the server may keep after three more oversized calls: far below their size (the issue saw gigabytes stay).
 MAX_RESIDENT_GROWTH_BYTES = 48 * 1024 * 1024
 MAX_LOG_GROWTH_BYTES = 64 * 1024
@@ -33,7 +36,7 @@ def resident_bytes(server: ServerProcess) -> int:
     raise AssertionError("no VmRSS line")
 
 
-# Asks the health service until its stdin closes, then prints how many answers came and the slowest one.
+# Asks the health service until its stdin closes, then prints how long each answer took.
 _HEALTH_WATCH = """
 import select, sys, time
 import grpc
@@ -41,12 +44,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 health = health_pb2_grpc.HealthStub(grpc.insecure_channel(sys.argv[1]))
 health.Check(health_pb2.HealthCheckRequest(), timeout=5)
 print("ready", flush=True)
-slowest, count = 0.0, 0
+latencies = []
 while not select.select([sys.stdin], [], [], 0.01)[0]:
     started = time.monotonic()
     health.Check(health_pb2.HealthCheckRequest(), timeout=5)
-    slowest, count = max(slowest, time.monotonic() - started), count + 1
-print(count, slowest, flush=True)
+    latencies.append(time.monotonic() - started)
+print(*latencies, flush=True)
 """
 
 
@@ -57,8 +60,7 @@ class HealthWatch:
     def __init__(self, target: str) -> None:
         self._process = subprocess.Popen([sys.executable, "-c", _HEALTH_WATCH, target], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, text=True)
-        self.slowest_s = 0.0
-        self.num_checks = 0
+        self.latencies_s: list[float] = []
 
     def __enter__(self) -> HealthWatch:
         assert self._process.stdout is not None and self._process.stdout.readline().strip() == "ready"
@@ -66,8 +68,7 @@ class HealthWatch:
 
     def __exit__(self, *exc: object) -> None:
         output, _ = self._process.communicate(input="done\n", timeout=30)
-        count, slowest = output.split()
-        self.num_checks, self.slowest_s = int(count), float(slowest)
+        self.latencies_s = [float(latency) for latency in output.split()]
 
 
 def refused(call: Callable[[], object]) -> grpc.RpcError:
@@ -103,7 +104,7 @@ def test_an_oversized_field_is_refused_at_once_and_the_server_stays_responsive(
                 assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert error.details().startswith(f"{field}: ") and limit in error.details()
                 assert len(error.details()) < 200
-        assert health.num_checks > 0 and health.slowest_s < MAX_HEALTH_LATENCY_S
+        assert health.latencies_s and max(health.latencies_s) < MAX_HEALTH_LATENCY_S, health.latencies_s
         assert resident_bytes(server) - memory_before < MAX_RESIDENT_GROWTH_BYTES
         assert server.log.stat().st_size - log_before < MAX_LOG_GROWTH_BYTES
         assert stub.Synthesize(pb.SynthesizeRequest(text="Still here.", voice=pb.VoiceSelection(speaker="ryan"),
