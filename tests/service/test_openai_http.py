@@ -20,7 +20,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from clients.qwen3_tts_client import Connection, TtsClient, VoiceReference
+from clients.qwen3_tts_client import Connection, TtsClient, Voice, VoiceReference
 from tests.service.helpers import start_server, wait_until
 from tests.service.processes import ServerProcess, free_port, server_process
 from tests.service.test_voice_clone import pcm16_samples, wav_file
@@ -281,5 +281,33 @@ def test_while_the_model_loads_the_http_api_answers_503_in_openais_shape() -> No
             error = json.loads(refused.value.read())["error"]
             assert (refused.value.code, error["type"], error["code"]) == (503, "server_error", "service_unavailable")
             assert "loading" in error["message"]
+    finally:
+        server.stop()
+
+
+def test_a_caller_past_its_call_limit_gets_429_in_openais_shape_across_both_front_doors(
+        tiny_models: dict[str, LoadedModel]) -> None:
+    """One caller's calls count together whichever door they use: with one call held open over gRPC, the same
+    caller's HTTP request is refused with 429 rate_limit_exceeded, and served once the held call has ended."""
+    http_port = free_port()
+    server = start_server(tiny_models["custom_voice"], http_port=http_port, max_calls_per_caller=1,
+                          max_audio_seconds=60.0)
+    body = json.dumps({**SPEECH, "response_format": "pcm"}).encode()
+    try:
+        with server.client() as client:
+            held = client.synthesize_online("Hello there.", Voice(speaker="ryan"))
+            next(iter(held))  # the call is running: its first message has arrived
+            request = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/audio/speech", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            error = json.loads(refused.value.read())["error"]
+            assert (refused.value.code, error["type"], error["code"]) == (429, "rate_limit_error",
+                                                                          "rate_limit_exceeded")
+            assert "--max-calls-per-caller" in error["message"]
+            held.cancel()
+        assert wait_until(lambda: server.engine.num_live_requests == 0)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200 and response.read()
     finally:
         server.stop()
