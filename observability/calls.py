@@ -57,6 +57,8 @@ class CallResult:
 class CallRecord:
     rpc: str
     request_id: str
+    # A call through the HTTP API: its method and route ("POST /v1/audio/speech"); None for a gRPC call.
+    http_route: str | None = None
     started: float = field(default_factory=time.monotonic)
     num_text_chars: int = 0
     voice_clone: tuple[float, float] | None = None  # monotonic start and end of the reference audio's encoding

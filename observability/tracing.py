@@ -65,17 +65,26 @@ class CallTracer:
     def start(self, record: CallRecord, metadata: Iterable[tuple[str, str | bytes]]) -> Span:
         """The call's server span, a child of the caller's trace context if its metadata carries one."""
         carrier = {key: value for key, value in metadata if isinstance(value, str)}
-        return self._tracer.start_span(
-            f"{GRPC_SERVICE}/{record.rpc}", context=propagate.extract(carrier), kind=SpanKind.SERVER,
-            attributes={"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": record.rpc,
-                        ATTRIBUTE_PREFIX + "request_id": record.request_id, **self._model_attributes})
+        attributes: dict[str, str] = {ATTRIBUTE_PREFIX + "request_id": record.request_id, **self._model_attributes}
+        if record.http_route is None:
+            name = f"{GRPC_SERVICE}/{record.rpc}"
+            attributes |= {"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": record.rpc}
+        else:  # OpenTelemetry's HTTP server conventions: the span is named by method and route
+            name = record.http_route
+            method, _, route = record.http_route.partition(" ")
+            attributes |= {"http.request.method": method, "http.route": route, ATTRIBUTE_PREFIX + "rpc": record.rpc}
+        return self._tracer.start_span(name, context=propagate.extract(carrier), kind=SpanKind.SERVER,
+                                       attributes=attributes)
 
     def end(self, span: Span, record: CallRecord, status: str) -> None:
         """Attributes, stage spans and events from the finished call's record; then the span ends."""
         to_epoch_ns = _epoch_converter()
         code = grpc.StatusCode[status] if status in grpc.StatusCode.__members__ else grpc.StatusCode.UNKNOWN
-        span.set_attributes({"rpc.grpc.status_code": code.value[0],
-                             ATTRIBUTE_PREFIX + "text_length": record.num_text_chars})
+        # An HTTP call's status is said in gRPC's words too (the metrics' `status` label), under the service's own
+        # attribute: rpc.grpc.status_code belongs to gRPC spans.
+        outcome = ({"rpc.grpc.status_code": code.value[0]} if record.http_route is None
+                   else {ATTRIBUTE_PREFIX + "status": code.name})
+        span.set_attributes({**outcome, ATTRIBUTE_PREFIX + "text_length": record.num_text_chars})
         finish_reason = record.finish_reason(status)
         if finish_reason:
             span.set_attribute(ATTRIBUTE_PREFIX + "finish_reason", finish_reason)

@@ -43,6 +43,7 @@ logger = logging.getLogger("tts_service.api.server")
 
 pb: Any = tts_pb2
 SPEECH_RPC = "OpenAISpeech"
+SPEECH_ROUTE = "POST /v1/audio/speech"
 # OpenAI's speech model names, accepted for the served model.
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 _STREAMED_FORMATS = {"wav": AudioEncoding.WAV, "pcm": AudioEncoding.PCM16, "opus": AudioEncoding.OGG_OPUS}
@@ -177,7 +178,7 @@ class OpenAISpeechApi:
 
     def app(self, max_body_bytes: int) -> web.Application:
         app = web.Application(client_max_size=max_body_bytes)
-        app.router.add_post("/v1/audio/speech", self.speech)
+        app.router.add_post(SPEECH_ROUTE.partition(" ")[2], self.speech)
         app.router.add_get("/v1/models", self.models)
         return app
 
@@ -212,7 +213,8 @@ class OpenAISpeechApi:
         caller = caller_from(metadata, _peer(request), uses_keys=bool(self._keys))
         response = web.StreamResponse()
         try:
-            async with self._service.speech_call(SPEECH_RPC, caller, metadata, self._ending_status) as record:
+            async with self._service.speech_call(SPEECH_RPC, caller, metadata, self._ending_status,
+                                                 http_route=SPEECH_ROUTE) as record:
                 response.headers["x-request-id"] = record.request_id
                 await self._synthesize(request, response, body, record, owner_from(metadata, bool(self._keys)))
         except ConnectionError:  # the client left mid-write: nobody is left to answer

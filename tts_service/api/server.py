@@ -202,11 +202,11 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     async def speech_call(self, rpc: str, caller: str, metadata: Iterable[tuple[str, str | bytes]],
                           ending_status: EndingStatus,
                           answering: contextlib.AbstractAsyncContextManager[Any] | None = None,
-                          ) -> AsyncIterator[CallRecord]:
+                          http_route: str | None = None) -> AsyncIterator[CallRecord]:
         """A speech call's frame, whichever front door it came through: request id, the per-caller limit, drain
         tracking, observation (metrics, span, log tags), and the server's limit on the call's life. `answering`
         turns errors into the protocol's answer inside the observation, which then sees that answer."""
-        record = CallRecord(rpc, uuid.uuid4().hex)
+        record = CallRecord(rpc, uuid.uuid4().hex, http_route)
         # The engine ends the request at the limit; this ends a call stuck writing to a client that reads nothing.
         expiry = asyncio.get_running_loop().call_later(self.config.max_stream_seconds + _STUCK_CALL_GRACE_S,
                                                        self._expire, record, asyncio.current_task())
