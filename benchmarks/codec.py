@@ -15,13 +15,13 @@ import json
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.profile_step import kernel_summary
 from tts_service.engine.config import EngineConfig
 from tts_service.model.checkpoint import LoadOptions, load_model
 from tts_service.runner.runner import ModelRunner
@@ -54,14 +54,7 @@ def profile_call(runner: ModelRunner, batch: int, num_frames: int) -> dict:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             decoder.decode_chunk(codes, state)
             torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = defaultdict(list)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels[event.name].append(event.device_time)
-    top = sorted(kernels.items(), key=lambda item: -sum(item[1]))[:25]
-    return {"batch": batch, "chunk_frames": num_frames, "num_kernels": sum(len(t) for t in kernels.values()),
-            "kernel_time_us": sum(sum(t) for t in kernels.values()),
-            "top_kernels": [{"name": name[:120], "count": len(t), "total_us": sum(t)} for name, t in top]}
+    return {"batch": batch, "chunk_frames": num_frames, **kernel_summary(prof, max_kernels=25)}
 
 
 def main(argv: list[str] | None = None) -> int:

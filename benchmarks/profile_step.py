@@ -25,6 +25,18 @@ from tts_service.runner.params import GenerationParams
 from tts_service.runner.runner import DecodeInput, ModelRunner
 
 
+def kernel_summary(prof: profile, max_kernels: int) -> dict:
+    """The profiled CUDA kernels: how many, their total time, and the heaviest by total time."""
+    kernels: dict[str, list[float]] = defaultdict(list)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[event.name].append(event.device_time)
+    top = sorted(kernels.items(), key=lambda item: -sum(item[1]))[:max_kernels]
+    return {"num_kernels": sum(len(times) for times in kernels.values()),
+            "kernel_time_us": sum(sum(times) for times in kernels.values()),
+            "top_kernels": [{"name": name[:120], "count": len(times), "total_us": sum(times)} for name, times in top]}
+
+
 def profile_decode(runner: ModelRunner, batch: int, context: int) -> dict:
     blocks_per_row = -(-(context + 8) // runner.config.block_size)
     for slot in range(batch):
@@ -36,14 +48,7 @@ def profile_decode(runner: ModelRunner, batch: int, context: int) -> dict:
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         runner._decode(decodes)
         torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = defaultdict(list)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels[event.name].append(event.device_time)
-    total_us = sum(sum(times) for times in kernels.values())
-    top = sorted(kernels.items(), key=lambda item: -sum(item[1]))[:40]
-    return {"batch": batch, "num_kernels": sum(len(t) for t in kernels.values()), "kernel_time_us": total_us,
-            "top_kernels": [{"name": name[:120], "count": len(times), "total_us": sum(times)} for name, times in top]}
+    return {"batch": batch, **kernel_summary(prof, max_kernels=40)}
 
 
 def main(argv: list[str] | None = None) -> int:
