@@ -54,6 +54,10 @@ One schedule() does, in order:
   5. Codec chunks. Each admitted request whose frames not yet sent to the codec reach its next
      chunk size gets a chunk; each request that finished (STOPPED or LENGTH) since the last step
      gets its final chunk with whatever is left (possibly no frames: it still marks end of stream).
+     With first_chunk_in_prefill_step (and a first chunk of one frame), a request prefilled this step
+     with no frames yet also gets a chunk for the frame its prefill makes (`is_prefill_frame`): its
+     first audio then leaves in the step that made it. update() takes that chunk back when the
+     frame turned out to be EOS or failed.
 
 update() folds codec-chunk completion in: the chunks of the step it answers count as delivered
 audio at the result's `audio_time` (or `now`), so there is no separate call to forget.
@@ -68,7 +72,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from scheduler.codec_chunks import plan_chunk_sizes
+from scheduler.codec_chunks import chunk_size, plan_chunk_sizes
 from scheduler.kv_blocks import BlockAllocator, SlotAllocator
 from scheduler.outputs import (
     CodecChunk,
@@ -109,6 +113,8 @@ class SchedulerConfig:
     max_slots: int | None = None
     # The runner's block-table width, in positions; None means only the whole cache limits a request.
     max_positions_per_request: int | None = None
+    # Decode a new request's first frame in the step whose prefill made it (schedule step 5).
+    first_chunk_in_prefill_step: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_waiting", "max_prefill_positions_per_step", "block_size",
@@ -272,7 +278,7 @@ class Scheduler:
         if not preempted:
             prefills, preempted = self._admit(now, num_decodes=len(decodes))
             freed += preempted
-        codec_chunks = self._plan_codec_chunks()
+        codec_chunks = self._plan_codec_chunks() + self._plan_prefill_frame_chunks(prefills)
         output = SchedulerOutput(
             prefills=tuple(prefills),
             decodes=tuple(decodes),
@@ -295,6 +301,8 @@ class Scheduler:
         self._in_flight = None
         events: list[RequestEvent] = []
         failed_ids: set[str] = set()
+        prefill_frame_ids = {chunk.request_id for chunk in output.codec_chunks if chunk.is_prefill_frame}
+        chunks_taken_back: set[str] = set()
         for outcome in result.outcomes:
             request = self._requests.get(outcome.request_id)
             # An abort that arrived mid-step wins: the request is released at the next schedule().
@@ -310,12 +318,18 @@ class Scheduler:
                 request.num_frames += 1
                 if request.num_frames >= request.max_frames:
                     self._finish(request, FinishReason.LENGTH)
-            events.append(RequestEvent(request.request_id, request.num_frames,
-                                       is_new_frame=request.num_frames > num_frames_before,
+            is_new_frame = request.num_frames > num_frames_before
+            if request.request_id in prefill_frame_ids and not is_new_frame:
+                # The prefill made EOS or failed: there was no frame for its chunk to decode.
+                request.num_codec_frames -= 1
+                request.num_codec_chunks -= 1
+                chunks_taken_back.add(request.request_id)
+            events.append(RequestEvent(request.request_id, request.num_frames, is_new_frame=is_new_frame,
                                        finish_reason=request.finish_reason, error=request.error))
         for chunk in output.codec_chunks:
             request = self._requests.get(chunk.request_id)
-            if request is None or chunk.request_id in failed_ids or chunk.request_id in self._abort_reasons:
+            if (request is None or chunk.request_id in failed_ids or chunk.request_id in self._abort_reasons
+                    or chunk.request_id in chunks_taken_back):
                 continue
             request.num_audio_frames += chunk.num_frames
             if request.first_audio_time is None and chunk.num_frames > 0:
@@ -495,6 +509,21 @@ class Scheduler:
                 request.num_codec_frames += num_frames
                 request.num_codec_chunks += 1
             request.is_final_chunk_scheduled = request.is_finished
+        return chunks
+
+    def _plan_prefill_frame_chunks(self, prefills: list[PrefillItem]) -> list[CodecChunk]:
+        """A chunk for the first frame of each request prefilled this step that has no frames yet."""
+        if not self.config.first_chunk_in_prefill_step or chunk_size(self.config.codec_chunk_schedule, 0) != 1:
+            return []
+        chunks: list[CodecChunk] = []
+        for item in prefills:
+            request = self._requests[item.request_id]
+            if request.num_frames or request.num_codec_chunks:
+                continue
+            chunks.append(CodecChunk(request.request_id, item.slot, first_frame=0, num_frames=1, is_final=False,
+                                     is_prefill_frame=True))
+            request.num_codec_frames = 1
+            request.num_codec_chunks = 1
         return chunks
 
     # update() helpers.

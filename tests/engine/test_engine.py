@@ -16,7 +16,7 @@ from tts_service.eager.generate import GenerationRequest, generate_codes
 from tts_service.eager.synthesize import EagerSynthesizer
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine
-from tts_service.engine.streams import RequestFailed, SynthesisRequest
+from tts_service.engine.streams import RequestFailed, SynthesisRequest, SynthesisSummary
 from tts_service.model.prompts import PromptError, SynthesisInput
 from tts_service.runner.params import GenerationParams, SamplingParams
 
@@ -358,9 +358,33 @@ def test_the_step_profiler_times_every_phase_only_when_it_is_on(tiny_models) -> 
 
     assert asyncio.run(run(profile_steps=False)) == {}
     phases = asyncio.run(run(profile_steps=True))
-    host = {"schedule", "plan", "codec", "frames", "update"}
+    host = {"schedule", "plan", "codec", "frames", "prefill_audio", "update"}
     device = {"device_prefill_inputs", "device_prefill", "device_decode", "device_copy", "device_codec"}
     assert set(phases) == host | device
     assert all(seconds > 0 for seconds in phases.values())
     # The device's frame work happens inside the loop's wait for the frames.
     assert phases["device_decode"] + phases["device_prefill"] <= phases["frames"]
+
+
+@pytest.mark.parametrize("max_new_frames", [1, 5])
+def test_a_new_streams_first_audio_leaves_in_the_step_that_made_its_first_frame(tiny_models,
+                                                                                max_new_frames: int) -> None:
+    model = tiny_models["custom_voice"]
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=max_new_frames,
+                              min_new_frames=max_new_frames)
+    requests = [SynthesisRequest(f"r{index}", SynthesisInput(text, "auto", "eric"), params)
+                for index, text in enumerate(TEXTS[:3])]
+
+    def run(first_chunk_in_prefill_step: bool) -> list[tuple[np.ndarray, SynthesisSummary]]:
+        config = EngineConfig(max_running=4, block_size=4, num_kv_blocks=64, max_positions_per_request=256,
+                              codec_chunk_schedule=(1,), first_chunk_in_prefill_step=first_chunk_in_prefill_step)
+        return asyncio.run(run_all(Engine.create(model, config), requests))
+
+    same_step, next_step = run(True), run(False)
+    for (audio, summary), (later_audio, later_summary) in zip(same_step, next_step, strict=True):
+        # The frame's time is taken once its step is over; the first audio left during that step.
+        assert summary.timeline.first_audio <= summary.timeline.first_frame
+        assert later_summary.timeline.first_audio > later_summary.timeline.first_frame
+        assert torch.equal(torch.from_numpy(summary.codes), torch.from_numpy(later_summary.codes))
+        np.testing.assert_allclose(audio, later_audio, atol=1e-5)
+        assert audio.shape == (max_new_frames * model.speech_config.samples_per_frame,)

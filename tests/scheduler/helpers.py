@@ -25,6 +25,7 @@ def make_config(**overrides: Any) -> SchedulerConfig:
         "min_playback_slack_s": NO_PLAYBACK_PROTECTION,
         "max_prefill_positions_at_risk": 256,
         "frame_duration_s": 0.08,
+        "first_chunk_in_prefill_step": False,
     }
     settings.update(overrides)
     return SchedulerConfig(**settings)

@@ -49,6 +49,10 @@ class EngineConfig:
     # distinct length) and ask for steps of half a frame's duration while a stream starts
     # (BENCHMARKS.md, "one codec call per step").
     codec_chunk_schedule: tuple[int, ...] = (1,)
+    # A new stream's first frame is decoded in the step whose prefill made it, in a codec call of its own
+    # after the frames, rather than in the next step's batched call: its first audio waits for a codec call
+    # over the new streams alone, and the step carries one more (small) codec call.
+    first_chunk_in_prefill_step: bool = True
     max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
     # -- graphs and kernels --
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -111,7 +115,8 @@ class EngineConfig:
             min_playback_slack_s=self.min_playback_slack_s,
             max_prefill_positions_at_risk=self.max_prefill_positions_at_risk,
             frame_duration_s=1.0 / frame_rate_hz, max_slots=self.num_runner_slots,
-            max_positions_per_request=self.positions_per_request(frame_rate_hz))
+            max_positions_per_request=self.positions_per_request(frame_rate_hz),
+            first_chunk_in_prefill_step=self.first_chunk_in_prefill_step)
 
 
 def _require(condition: bool, name: str, requirement: str) -> None:

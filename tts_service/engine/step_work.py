@@ -44,12 +44,22 @@ class CodecRestart:
 
 
 @dataclass(frozen=True)
+class PrefillFrameWork:
+    """A new stream's first frame, which this step's prefill makes: decoded once it exists, unless it is EOS."""
+
+    request_id: str
+    slot: int
+
+
+@dataclass(frozen=True)
 class StepWork:
     step: StepInput
     prefill_ids: tuple[str, ...]  # request ids of step.prefills, in order
     decode_ids: tuple[str, ...]
     restarts: tuple[CodecRestart, ...]
     chunks: tuple[CodecWork, ...]
+    prefill_frames: tuple[PrefillFrameWork, ...] = ()
+    eos_code: int = -1  # codebook 0's end of speech: such a frame has no audio
 
 
 @dataclass
@@ -59,12 +69,13 @@ class StepDone:
     errors: dict[str, str] = field(default_factory=dict)
     codec_s: float = 0.0  # host seconds in the runner for the codec work (its copy to the host waits for it)
     frames_s: float = 0.0  # host seconds in the runner for the frames
+    prefill_audio_s: float = 0.0  # host seconds in the runner decoding the prefills' first frames
 
 
 def run_step(runner: ModelRunner, work: StepWork, on_audio: Callable[[StepDone], None]) -> StepDone:
     """The whole step on the runner's thread: the codec work, `on_audio` with its outcome as soon as it is there,
-    then the frames. Nothing between the two waits for the event loop, so a loop busy writing to clients cannot
-    leave the GPU idle between them."""
+    the frames, then the new streams' first frames through the codec and `on_audio` again. Nothing in between
+    waits for the event loop, so a loop busy writing to clients cannot leave the GPU idle."""
     started = time.perf_counter()
     done = StepDone()
     if work.restarts or work.chunks:
@@ -72,7 +83,14 @@ def run_step(runner: ModelRunner, work: StepWork, on_audio: Callable[[StepDone],
         on_audio(done)
     audio_done = time.perf_counter()
     done = compute_frames(runner, work, done)
-    done.codec_s, done.frames_s = audio_done - started, time.perf_counter() - audio_done
+    frames_done = time.perf_counter()
+    if work.prefill_frames:
+        # A StepDone of its own: the loop may still be reading the first one's audio.
+        first_audio = decode_prefill_frames(runner, work, done)
+        done.errors.update(first_audio.errors)
+        on_audio(first_audio)
+    done.codec_s, done.frames_s = audio_done - started, frames_done - audio_done
+    done.prefill_audio_s = time.perf_counter() - frames_done
     return done
 
 
@@ -86,6 +104,17 @@ def decode_audio(runner: ModelRunner, work: StepWork) -> StepDone:
     done = StepDone()
     _restart_audio(runner, work.restarts, done)
     _decode_chunks(runner, work.chunks, done)
+    return done
+
+
+def decode_prefill_frames(runner: ModelRunner, work: StepWork, frames: StepDone) -> StepDone:
+    """The first frame each new stream's prefill made in this step, through the codec in one batched call."""
+    done = StepDone()
+    ready = [item for item in work.prefill_frames
+             if item.request_id in frames.frames and item.request_id not in frames.errors
+             and frames.frames[item.request_id][0] != work.eos_code]
+    chunks = tuple(CodecWork(item.request_id, item.slot, 0, frames.frames[item.request_id][None]) for item in ready)
+    _decode_chunks(runner, chunks, done)
     return done
 
 
