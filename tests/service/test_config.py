@@ -85,3 +85,9 @@ def test_the_step_profiler_is_off_unless_a_flag_or_the_environment_turns_it_on()
     assert not load_config(["--no-profile-steps"], {"QWEN3_TTS_PROFILE_STEPS": "1"}).profile_steps
     with pytest.raises(ConfigError, match="QWEN3_TTS_PROFILE_STEPS"):
         load_config([], {"QWEN3_TTS_PROFILE_STEPS": "maybe"})
+
+
+def test_a_new_streams_first_chunk_is_decoded_in_its_prefill_step_unless_turned_off() -> None:
+    assert load_config([], {}).engine_config().first_chunk_in_prefill_step
+    assert not load_config(["--no-first-chunk-in-prefill-step"], {}).engine_config().first_chunk_in_prefill_step
+    assert not load_config([], {"QWEN3_TTS_FIRST_CHUNK_IN_PREFILL_STEP": "false"}).first_chunk_in_prefill_step

@@ -157,7 +157,7 @@ def test_unreadable_reference_audio_is_refused_with_libsndfiles_reason_and_no_ob
 def test_a_request_failing_inside_the_engine_gets_internal_and_the_server_goes_on(
         custom_voice_server: RunningServer, client: TtsClient, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = custom_voice_server.engine.runner
-    original = runner.execute
+    original = runner.start_step
     has_failed = threading.Event()
 
     def fail_once(step: Any) -> Any:
@@ -166,7 +166,7 @@ def test_a_request_failing_inside_the_engine_gets_internal_and_the_server_goes_o
             raise RuntimeError("injected fault")
         return original(step)
 
-    monkeypatch.setattr(runner, "execute", fail_once)
+    monkeypatch.setattr(runner, "start_step", fail_once)
     with pytest.raises(grpc.RpcError) as caught:
         list(client.synthesize_online("Hello there.", RYAN, generation=GREEDY))
     assert caught.value.code() is grpc.StatusCode.INTERNAL

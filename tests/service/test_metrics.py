@@ -183,7 +183,7 @@ def test_a_call_whose_request_failed_in_the_engine_counts_as_internal_with_finis
     def fail(step: Any) -> Any:
         raise RuntimeError("injected fault")
 
-    monkeypatch.setattr(running.engine.runner, "execute", fail)
+    monkeypatch.setattr(running.engine.runner, "start_step", fail)
     with running.client() as client, pytest.raises(grpc.RpcError) as caught:
         client.synthesize("Hello there.", RYAN, generation=GREEDY)
     assert caught.value.code() is grpc.StatusCode.INTERNAL

@@ -74,6 +74,9 @@ class ServerConfig:
     max_voices_per_caller: int = _ENGINE.max_voices_per_owner  # registered voices of one caller (API key)
     max_voice_bytes: int = _ENGINE.max_voice_bytes  # one registered voice, as stored
     profile_steps: bool = _ENGINE.profile_steps  # the step profiler: phase times into the metrics
+    # A new stream's first frame decoded in the step that made it (earlier first audio), or in the next step's
+    # batched codec call (fewer codec calls in a step that admits many).
+    first_chunk_in_prefill_step: bool = _ENGINE.first_chunk_in_prefill_step
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
     max_unread_audio_seconds: float = _ENGINE.max_unread_audio_s
@@ -147,7 +150,9 @@ class ServerConfig:
                             max_audio_s=self.max_audio_seconds,
                             max_reference_audio_s=self.max_reference_audio_seconds,
                             max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks,
-                            profile_steps=self.profile_steps, voice_store_dir=self.voice_store,
+                            profile_steps=self.profile_steps,
+                            first_chunk_in_prefill_step=self.first_chunk_in_prefill_step,
+                            voice_store_dir=self.voice_store,
                             max_voices=self.max_voices, max_voices_per_owner=self.max_voices_per_caller,
                             max_voice_bytes=self.max_voice_bytes)
 
@@ -224,6 +229,12 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                         default=_is_true(environ.get(env_name, str(defaults.profile_steps))),
                         help="time every engine step's phases (host and GPU) and the server's per-chunk work into "
                              f"the metrics (qwen3_tts_*_phase_seconds); off by default [env {env_name}]")
+    env_name = ENV_PREFIX + "FIRST_CHUNK_IN_PREFILL_STEP"
+    parser.add_argument("--first-chunk-in-prefill-step", action=argparse.BooleanOptionalAction,
+                        default=_is_true(environ.get(env_name, str(defaults.first_chunk_in_prefill_step))),
+                        help="decode a new stream's first frame in the step whose prefill made it, for earlier first "
+                             "audio; with --no-first-chunk-in-prefill-step it waits for the next step's batched codec "
+                             f"call, which costs a step that admits many one codec call less [env {env_name}]")
     return parser
 
 

@@ -67,8 +67,8 @@ class EngineStats:
     execute_s: float = 0.0  # in the runner (worker thread), GPU work included
     loop_s: float = 0.0  # in the loop between schedule() and the end of fan-out, execute_s included
     last_step_s: float = 0.0
-    # With the step profiler on: seconds per phase, host ("schedule", "plan", "codec", "frames", "prefill_audio",
-    # "update") and device ("device_prefill", "device_decode", "device_codec", ...), summed over steps.
+    # With the step profiler on: seconds per phase, host ("schedule", "plan", "launch", "codec", "frames",
+    # "prefill_audio", "update") and device ("device_prefill", "device_decode", "device_codec", ...), summed over steps.
     phase_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -444,8 +444,8 @@ class Engine:
                 applied = time.perf_counter()
                 phases = None
                 if self.runner.timer is not None:  # the step profiler: host phases, then the device's
-                    phases = {"schedule": scheduled - started, "plan": planned - scheduled, "codec": done.codec_s,
-                              "frames": done.frames_s, "prefill_audio": done.prefill_audio_s,
+                    phases = {"schedule": scheduled - started, "plan": planned - scheduled, "launch": done.launch_s,
+                              "codec": done.codec_s, "frames": done.frames_s, "prefill_audio": done.prefill_audio_s,
                               "update": applied - computed}
                     phases |= {f"device_{name}": seconds for name, seconds in self.runner.timer.take().items()}
                 self._count(output, computed - planned, applied - started, phases)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tts_service.runner.runner import ModelRunner, StepInput, StepOutput
+from tts_service.runner.runner import ModelRunner, PendingAudio, PendingStep, StepInput, StepOutput
 
 logger = logging.getLogger(__name__)
 
@@ -67,69 +67,108 @@ class StepDone:
     frames: dict[str, np.ndarray] = field(default_factory=dict)  # request id -> [G] codes
     audio: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)  # (request id, first frame) -> samples
     errors: dict[str, str] = field(default_factory=dict)
-    codec_s: float = 0.0  # host seconds in the runner for the codec work (its copy to the host waits for it)
-    frames_s: float = 0.0  # host seconds in the runner for the frames
+    launch_s: float = 0.0  # host seconds queueing the codec work and the frames (building the frames' inputs)
+    codec_s: float = 0.0  # host seconds then waiting for the codec's samples and handing them over
+    frames_s: float = 0.0  # host seconds then waiting for the frames
     prefill_audio_s: float = 0.0  # host seconds in the runner decoding the prefills' first frames
 
 
 def run_step(runner: ModelRunner, work: StepWork, on_audio: Callable[[StepDone], None]) -> StepDone:
-    """The whole step on the runner's thread: the codec work, `on_audio` with its outcome as soon as it is there,
-    the frames, then the new streams' first frames through the codec and `on_audio` again. Nothing in between
-    waits for the event loop, so a loop busy writing to clients cannot leave the GPU idle."""
+    """The whole step on the runner's thread, nothing in it waiting for the event loop.
+
+    The codec work and then the frames are queued on the device before the host waits for anything, so the
+    device runs them back to back while the host builds the frames' inputs; `on_audio` gets the codec's outcome
+    as soon as it is there, while the frames still run. Then the new streams' first frames go through the codec
+    and to `on_audio` again.
+    """
     started = time.perf_counter()
-    done = StepDone()
+    audio = start_audio(runner, work)
+    frames = start_frames(runner, work)
+    launched = time.perf_counter()
+    done = audio.collect()
     if work.restarts or work.chunks:
-        done = decode_audio(runner, work)
         on_audio(done)
     audio_done = time.perf_counter()
-    done = compute_frames(runner, work, done)
+    collect_frames(work, frames, done)
     frames_done = time.perf_counter()
     if work.prefill_frames:
         # A StepDone of its own: the loop may still be reading the first one's audio.
         first_audio = decode_prefill_frames(runner, work, done)
         done.errors.update(first_audio.errors)
         on_audio(first_audio)
-    done.codec_s, done.frames_s = audio_done - started, frames_done - audio_done
+    done.launch_s, done.codec_s, done.frames_s = launched - started, audio_done - launched, frames_done - audio_done
     done.prefill_audio_s = time.perf_counter() - frames_done
     return done
 
 
-def decode_audio(runner: ModelRunner, work: StepWork) -> StepDone:
-    """The step's codec work (restarts, then chunks of frames from earlier steps).
+@dataclass
+class AudioInFlight:
+    """Codec calls queued on the device, by the chunks each decodes; `collect()` waits for their samples."""
 
-    It runs before the frame step so that its audio can reach the listeners while the frames
-    are computed: a new request's first chunk then waits for its codec chunk alone, not for the
-    next decode step as well.
+    done: StepDone = field(default_factory=StepDone)
+    calls: list[tuple[list[CodecWork], PendingAudio]] = field(default_factory=list)
+
+    def collect(self) -> StepDone:
+        for group, pending in self.calls:
+            try:
+                samples = pending.result()
+            except Exception as error:
+                logger.exception("audio decoding failed for %d requests", len(group))
+                for chunk in group:
+                    self.done.errors[chunk.request_id] = f"audio decoding failed: {error}"
+                continue
+            for chunk, row in zip(group, samples, strict=True):
+                self.done.audio[(chunk.request_id, chunk.first_frame)] = row
+        self.calls.clear()
+        return self.done
+
+
+def start_audio(runner: ModelRunner, work: StepWork) -> AudioInFlight:
+    """Queue the step's codec work: restarts, then chunks of frames from earlier steps.
+
+    It goes ahead of the frame step so that its audio can reach the listeners while the frames are computed.
     """
-    done = StepDone()
-    _restart_audio(runner, work.restarts, done)
-    _decode_chunks(runner, work.chunks, done)
-    return done
+    audio = AudioInFlight()
+    _restart_audio(runner, work.restarts, audio.done)
+    _start_chunks(runner, work.chunks, audio)
+    return audio
 
 
 def decode_prefill_frames(runner: ModelRunner, work: StepWork, frames: StepDone) -> StepDone:
     """The first frame each new stream's prefill made in this step, through the codec in one batched call."""
-    done = StepDone()
     ready = [item for item in work.prefill_frames
              if item.request_id in frames.frames and item.request_id not in frames.errors
              and frames.frames[item.request_id][0] != work.eos_code]
     chunks = tuple(CodecWork(item.request_id, item.slot, 0, frames.frames[item.request_id][None]) for item in ready)
-    _decode_chunks(runner, chunks, done)
-    return done
+    audio = AudioInFlight()
+    _start_chunks(runner, chunks, audio)
+    return audio.collect()
 
 
-def compute_frames(runner: ModelRunner, work: StepWork, done: StepDone) -> StepDone:
-    """The step's prefills and decodes, added to `done`; a failure is charged to its requests, never raised."""
-    if work.step.prefills or work.step.decodes:
+def start_frames(runner: ModelRunner, work: StepWork) -> PendingStep | str | None:
+    """Queue the step's prefills and decodes; the error's text when that failed, None when there are none."""
+    if not (work.step.prefills or work.step.decodes):
+        return None
+    try:
+        return runner.start_step(work.step)
+    except Exception as error:  # a failed batch fails its requests, not the engine
+        logger.exception("frame step failed for %d requests", len(work.prefill_ids) + len(work.decode_ids))
+        return f"frame step failed: {error}"
+
+
+def collect_frames(work: StepWork, frames: PendingStep | str | None, done: StepDone) -> None:
+    """The frames of `start_frames`, added to `done`; a failure is charged to its requests, never raised."""
+    if frames is None:
+        return
+    if not isinstance(frames, str):
         try:
-            output = runner.execute(work.step)
-        except Exception as error:  # a failed batch fails its requests, not the engine
+            _collect_frames(work, frames.result(), done)
+            return
+        except Exception as error:
             logger.exception("frame step failed for %d requests", len(work.prefill_ids) + len(work.decode_ids))
-            for request_id in (*work.prefill_ids, *work.decode_ids):
-                done.errors.setdefault(request_id, f"frame step failed: {error}")
-        else:
-            _collect_frames(work, output, done)
-    return done
+            frames = f"frame step failed: {error}"
+    for request_id in (*work.prefill_ids, *work.decode_ids):
+        done.errors.setdefault(request_id, frames)
 
 
 def _collect_frames(work: StepWork, output: StepOutput, done: StepDone) -> None:
@@ -152,13 +191,13 @@ def _restart_audio(runner: ModelRunner, restarts: tuple[CodecRestart, ...], done
         if restart.context.shape[0] == 0:
             continue
         try:
-            runner.decode_audio([restart.slot], restart.context[None])
+            runner.prime_audio([restart.slot], restart.context[None])
         except Exception as error:
             logger.exception("codec context failed for %s", restart.request_id)
             done.errors[restart.request_id] = f"audio decoding failed: {error}"
 
 
-def _decode_chunks(runner: ModelRunner, chunks: tuple[CodecWork, ...], done: StepDone) -> None:
+def _start_chunks(runner: ModelRunner, chunks: tuple[CodecWork, ...], audio: AudioInFlight) -> None:
     """Batch chunks of equal length across requests; a request's own chunks stay in order."""
     rounds: defaultdict[int, defaultdict[int, list[CodecWork]]] = defaultdict(lambda: defaultdict(list))
     seen: Counter[str] = Counter()
@@ -167,16 +206,15 @@ def _decode_chunks(runner: ModelRunner, chunks: tuple[CodecWork, ...], done: Ste
         seen[chunk.request_id] += 1
     for index in sorted(rounds):
         for num_frames, group in rounds[index].items():
-            group = [chunk for chunk in group if chunk.request_id not in done.errors]
+            group = [chunk for chunk in group if chunk.request_id not in audio.done.errors]
             if num_frames == 0 or not group:
                 continue
             try:
-                samples = runner.decode_audio([chunk.slot for chunk in group],
-                                              np.stack([chunk.codes for chunk in group]))
+                pending = runner.start_audio([chunk.slot for chunk in group],
+                                             np.stack([chunk.codes for chunk in group]))
             except Exception as error:
                 logger.exception("audio decoding failed for %d requests", len(group))
                 for chunk in group:
-                    done.errors[chunk.request_id] = f"audio decoding failed: {error}"
+                    audio.done.errors[chunk.request_id] = f"audio decoding failed: {error}"
                 continue
-            for chunk, row in zip(group, samples, strict=True):
-                done.audio[(chunk.request_id, chunk.first_frame)] = row
+            audio.calls.append((group, pending))

@@ -68,6 +68,55 @@ class StepOutput:
     failed_prefills: dict[int, str] = field(default_factory=dict)
 
 
+class PendingAudio:
+    """A codec call's samples on their way to the host: `result()` waits for them alone, so the host can queue
+    the step's frames behind the codec first and hand the audio out while those run."""
+
+    def __init__(self, samples: torch.Tensor) -> None:
+        self._host, self._ready = _copy_to_host(samples)
+
+    def result(self) -> np.ndarray:
+        """float32 samples [n, T * samples_per_frame]."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        # Copied out of the pinned buffer, which streams' unread chunks would otherwise keep pinned.
+        return self._host.numpy().copy()
+
+
+class PendingStep:
+    """A step's frames on their way to the host; `result()` waits for them."""
+
+    def __init__(self, frames: torch.Tensor | None, num_decodes: int, failed: dict[int, str],
+                 num_groups: int) -> None:
+        self._frames = None if frames is None else _copy_to_host(frames)
+        self._num_decodes = num_decodes
+        self._failed = failed
+        self._num_groups = num_groups
+
+    def result(self) -> StepOutput:
+        if self._frames is None:
+            empty = np.zeros((0, self._num_groups), dtype=np.int64)
+            return StepOutput(empty, empty, self._failed)
+        host, ready = self._frames
+        if ready is not None:
+            ready.synchronize()
+        frames = host.numpy().copy()
+        return StepOutput(frames[self._num_decodes:], frames[:self._num_decodes], self._failed)
+
+
+def _copy_to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """A copy of `values` on the host and, on CUDA, the event after which it is there. The copy goes to pinned
+    memory, so it is queued behind the work that makes `values` instead of waiting for it; the graphs' output
+    buffers are reused by the next replay, which the stream orders after this copy."""
+    if values.device.type != "cuda":
+        return values.to("cpu", copy=True), None
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
+
+
 @dataclass
 class _FrameBuffers:
     """A step's frame rows: decodes first, then prefills' first frames, then padding (the scratch slot).
@@ -362,15 +411,18 @@ class ModelRunner:
 
     # -- step ---------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, step: StepInput) -> StepOutput:
+        return self.start_step(step).result()
+
+    @torch.inference_mode()
+    def start_step(self, step: StepInput) -> PendingStep:
+        """Queue the step's work on the device and return without waiting for it."""
         timer = self.timer
         if timer is not None:
             timer.start()
         prefills, embeds, failed = self._prefill_inputs(step.prefills)
         if not (prefills or step.decodes):
-            empty = np.zeros((0, self.num_groups), dtype=np.int64)
-            return StepOutput(empty, empty, failed)
+            return PendingStep(None, 0, failed, self.num_groups)
         prefill_hidden = None
         if prefills:
             if timer is not None:
@@ -381,12 +433,11 @@ class ModelRunner:
         frames = self._frames(step.decodes, prefills, prefill_hidden)
         if timer is not None:
             timer.mark("decode")
-        # The step's one device-to-host copy; a copy on the CPU too, since the rows are reused next step.
-        host = frames.to("cpu", copy=True).numpy()
+        # The step's one device-to-host copy (a copy, since the rows are reused next step).
+        pending = PendingStep(frames, len(step.decodes), failed, self.num_groups)
         if timer is not None:
             timer.mark("copy")
-        num_decodes = len(step.decodes)
-        return StepOutput(host[num_decodes:], host[:num_decodes], failed)
+        return pending
 
     def _prefill_inputs(self, items: tuple[PrefillInput, ...]
                         ) -> tuple[tuple[PrefillInput, ...], list[torch.Tensor], dict[int, str]]:
@@ -417,17 +468,31 @@ class ModelRunner:
     def reset_audio(self, slots: list[int]) -> None:
         self.codec_state.reset_rows(torch.tensor(slots, dtype=torch.int64, device=self.device))
 
-    @torch.inference_mode()
     def decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
         """Decode the next `codes` [n, T, G] of each slot's audio stream -> float32 samples [n, T * spf]."""
-        if self.timer is None:
-            return self._decode_audio(slots, codes)
-        self.timer.start()
-        audio = self._decode_audio(slots, codes)
-        self.timer.mark("codec")  # its copy to the host has already waited for the device
-        return audio
+        return self.start_audio(slots, codes).result()
 
-    def _decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
+    @torch.inference_mode()
+    def start_audio(self, slots: list[int], codes: np.ndarray) -> PendingAudio:
+        """Queue the decoding of `codes` as `decode_audio` does, without waiting for it. Bad codes raise here."""
+        if self.timer is None:
+            return PendingAudio(self._decode_audio(slots, codes))
+        self.timer.start()
+        pending = PendingAudio(self._decode_audio(slots, codes))
+        self.timer.mark("codec")
+        return pending
+
+    @torch.inference_mode()
+    def prime_audio(self, slots: list[int], codes: np.ndarray) -> None:
+        """Advance each slot's audio stream through `codes` whose audio nobody hears (a clone's reference frames,
+        a resumed stream's frames already sent), queued on the device without a copy to the host."""
+        if self.timer is not None:
+            self.timer.start()
+        self._decode_audio(slots, codes)
+        if self.timer is not None:
+            self.timer.mark("codec")
+
+    def _decode_audio(self, slots: list[int], codes: np.ndarray) -> torch.Tensor:
         # Checked on the host: an out-of-range code would be a device-side assert, which poisons
         # the whole CUDA context instead of failing one request.
         codebook_size = self.model.codec_decoder.config.codebook_size
@@ -443,12 +508,12 @@ class ModelRunner:
             rows = self._codec_rows(index)
             audio = self.model.codec_decoder.decode_chunk(chunk, rows)
             self._store_codec_rows(index, rows)
-            return audio.float().cpu().numpy()
+            return audio.float()
         buffers = self.codec
         _load_padded(buffers.slots, torch.tensor(slots, dtype=torch.int64), self.codec_scratch_row)
         buffers.codes[:batch, :, :num_frames].copy_(chunk)
         graph.replay()
-        return buffers.audio[:batch, :num_frames * self.model.speech_config.samples_per_frame].cpu().numpy()
+        return buffers.audio[:batch, :num_frames * self.model.speech_config.samples_per_frame]
 
 
 def _smallest_at_least(sizes: tuple[int, ...], value: int) -> int | None:
