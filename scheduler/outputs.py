@@ -6,14 +6,14 @@ The engine executes one SchedulerOutput in this order:
     1. end the requests of the `freed` items that were aborted or failed (their slots may be reused by a
        prefill below: a prefill assigns its slot's decoding state afresh),
     2. restart the codec stream of every prefill's slot, then run the `codec_chunks` that are not
-       `is_prefill_frame` in the order given (a request's chunks are consecutive and in frame order), and hand
+       `is_step_frame` in the order given (a request's chunks are consecutive and in frame order), and hand
        their audio to the listeners at once,
     3. run `prefills` then `decodes` in one runner call (each yields one frame, or EOS),
-    4. run the `is_prefill_frame` chunks: a new request's first frame, made by its prefill in step 3 (skipped
+    4. run the `is_step_frame` chunks, each the frame its request's prefill or decode made in step 3 (skipped
        when that frame is EOS or failed), and hand their audio over.
 Other codec chunks only cover frames that existed when the step was scheduled; running them first lets the
-running streams' audio leave without waiting for the step's frames. A new stream has no audio to play yet, so
-its first frame is decoded as soon as it exists instead of in the next step's batched codec call.
+running streams' audio leave without waiting for the step's frames. A new stream has little or no audio to
+play yet, so its first frames are decoded as soon as they exist instead of in the next step's batched call.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ class CodecChunk:
     first_frame: int
     num_frames: int  # 0 only for a final chunk whose request had no frames left to decode
     is_final: bool  # the last chunk of the stream: flush the codec, close the audio
-    # The frame this step's prefill makes (frame 0 of a new stream), decoded after the step's frames.
-    is_prefill_frame: bool = False
+    # The frame this step's prefill or decode makes (one of a new stream's first frames), decoded after the
+    # step's frames.
+    is_step_frame: bool = False
 
 
 @dataclass(frozen=True, slots=True)

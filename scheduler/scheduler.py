@@ -54,10 +54,11 @@ One schedule() does, in order:
   5. Codec chunks. Each admitted request whose frames not yet sent to the codec reach its next
      chunk size gets a chunk; each request that finished (STOPPED or LENGTH) since the last step
      gets its final chunk with whatever is left (possibly no frames: it still marks end of stream).
-     With first_chunk_in_prefill_step (and a first chunk of one frame), a request prefilled this step
-     with no frames yet also gets a chunk for the frame its prefill makes (`is_prefill_frame`): its
-     first audio then leaves in the step that made it. update() takes that chunk back when the
-     frame turned out to be EOS or failed.
+     A request prefilled or decoded this step that has fewer than num_first_frames_in_their_step
+     frames, none of them waiting for the codec, and whose next chunk is one frame, also gets a chunk
+     for the frame this step makes (`is_step_frame`): a new stream's first audio leaves in the step
+     that made it, and its second chunk comes one step after the first, as every later one does, not
+     a step and a half. update() takes such a chunk back when the frame turned out to be EOS or failed.
 
 update() folds codec-chunk completion in: the chunks of the step it answers count as delivered
 audio at the result's `audio_time` (or `now`), so there is no separate call to forget.
@@ -113,14 +114,17 @@ class SchedulerConfig:
     max_slots: int | None = None
     # The runner's block-table width, in positions; None means only the whole cache limits a request.
     max_positions_per_request: int | None = None
-    # Decode a new request's first frame in the step whose prefill made it (schedule step 5).
-    first_chunk_in_prefill_step: bool = False
+    # A new stream's first frames are decoded in the step that makes each (schedule step 5); 0: none.
+    num_first_frames_in_their_step: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_waiting", "max_prefill_positions_per_step", "block_size",
                      "num_kv_blocks", "max_prefill_positions_at_risk"):
             if not _is_positive_int(getattr(self, name)):
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if not (_is_positive_int(self.num_first_frames_in_their_step) or self.num_first_frames_in_their_step == 0):
+            raise ValueError(f"num_first_frames_in_their_step must be an int >= 0, "
+                             f"got {self.num_first_frames_in_their_step!r}")
         if not (self.codec_chunk_schedule and all(map(_is_positive_int, self.codec_chunk_schedule))):
             raise ValueError(f"codec_chunk_schedule must be positive ints, got {self.codec_chunk_schedule!r}")
         if not math.isfinite(self.min_playback_slack_s):
@@ -278,7 +282,7 @@ class Scheduler:
         if not preempted:
             prefills, preempted = self._admit(now, num_decodes=len(decodes))
             freed += preempted
-        codec_chunks = self._plan_codec_chunks() + self._plan_prefill_frame_chunks(prefills)
+        codec_chunks = self._plan_codec_chunks() + self._plan_step_frame_chunks((*decodes, *prefills))
         output = SchedulerOutput(
             prefills=tuple(prefills),
             decodes=tuple(decodes),
@@ -301,7 +305,7 @@ class Scheduler:
         self._in_flight = None
         events: list[RequestEvent] = []
         failed_ids: set[str] = set()
-        prefill_frame_ids = {chunk.request_id for chunk in output.codec_chunks if chunk.is_prefill_frame}
+        step_frame_ids = {chunk.request_id for chunk in output.codec_chunks if chunk.is_step_frame}
         chunks_taken_back: set[str] = set()
         for outcome in result.outcomes:
             request = self._requests.get(outcome.request_id)
@@ -319,8 +323,8 @@ class Scheduler:
                 if request.num_frames >= request.max_frames:
                     self._finish(request, FinishReason.LENGTH)
             is_new_frame = request.num_frames > num_frames_before
-            if request.request_id in prefill_frame_ids and not is_new_frame:
-                # The prefill made EOS or failed: there was no frame for its chunk to decode.
+            if request.request_id in step_frame_ids and not is_new_frame:
+                # The step made EOS or failed: there was no frame for its chunk to decode.
                 request.num_codec_frames -= 1
                 request.num_codec_chunks -= 1
                 chunks_taken_back.add(request.request_id)
@@ -511,19 +515,19 @@ class Scheduler:
             request.is_final_chunk_scheduled = request.is_finished
         return chunks
 
-    def _plan_prefill_frame_chunks(self, prefills: list[PrefillItem]) -> list[CodecChunk]:
-        """A chunk for the first frame of each request prefilled this step that has no frames yet."""
-        if not self.config.first_chunk_in_prefill_step or chunk_size(self.config.codec_chunk_schedule, 0) != 1:
-            return []
+    def _plan_step_frame_chunks(self, items: tuple[DecodeItem | PrefillItem, ...]) -> list[CodecChunk]:
+        """A chunk for the frame this step makes, for each scheduled request among its first frames."""
         chunks: list[CodecChunk] = []
-        for item in prefills:
+        for item in items:
             request = self._requests[item.request_id]
-            if request.num_frames or request.num_codec_chunks:
+            if (request.num_frames >= self.config.num_first_frames_in_their_step
+                    or request.num_frames_pending_codec
+                    or chunk_size(self.config.codec_chunk_schedule, request.num_codec_chunks) != 1):
                 continue
-            chunks.append(CodecChunk(request.request_id, item.slot, first_frame=0, num_frames=1, is_final=False,
-                                     is_prefill_frame=True))
-            request.num_codec_frames = 1
-            request.num_codec_chunks = 1
+            chunks.append(CodecChunk(request.request_id, item.slot, first_frame=request.num_frames, num_frames=1,
+                                     is_final=False, is_step_frame=True))
+            request.num_codec_frames += 1
+            request.num_codec_chunks += 1
         return chunks
 
     # update() helpers.

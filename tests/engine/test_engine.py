@@ -358,7 +358,7 @@ def test_the_step_profiler_times_every_phase_only_when_it_is_on(tiny_models) -> 
 
     assert asyncio.run(run(profile_steps=False)) == {}
     phases = asyncio.run(run(profile_steps=True))
-    host = {"schedule", "plan", "launch", "codec", "frames", "prefill_audio", "update"}
+    host = {"schedule", "plan", "launch", "codec", "frames", "step_audio", "update"}
     device = {"device_prefill_inputs", "device_prefill", "device_decode", "device_copy", "device_codec"}
     assert set(phases) == host | device
     assert all(seconds > 0 for seconds in phases.values())
@@ -375,12 +375,12 @@ def test_a_new_streams_first_audio_leaves_in_the_step_that_made_its_first_frame(
     requests = [SynthesisRequest(f"r{index}", SynthesisInput(text, "auto", "eric"), params)
                 for index, text in enumerate(TEXTS[:3])]
 
-    def run(first_chunk_in_prefill_step: bool) -> list[tuple[np.ndarray, SynthesisSummary]]:
+    def run(num_first_frames_in_their_step: int) -> list[tuple[np.ndarray, SynthesisSummary]]:
         config = EngineConfig(max_running=4, block_size=4, num_kv_blocks=64, max_positions_per_request=256,
-                              codec_chunk_schedule=(1,), first_chunk_in_prefill_step=first_chunk_in_prefill_step)
+                              codec_chunk_schedule=(1,), num_first_frames_in_their_step=num_first_frames_in_their_step)
         return asyncio.run(run_all(Engine.create(model, config), requests))
 
-    same_step, next_step = run(True), run(False)
+    same_step, next_step = run(2), run(0)
     for (audio, summary), (later_audio, later_summary) in zip(same_step, next_step, strict=True):
         # The frame's time is taken once its step is over; the first audio left during that step.
         assert summary.timeline.first_audio <= summary.timeline.first_frame

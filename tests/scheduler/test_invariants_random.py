@@ -24,7 +24,7 @@ class RunnerView:
         self.request_by_slot: dict[int, str] = {}
         self.next_codec_frame: dict[str, int] = {}
         self.closed_streams: set[str] = set()
-        self.num_prefill_frame_chunks = 0
+        self.num_step_frame_chunks = 0
 
     def apply(self, output: SchedulerOutput, scheduler: Scheduler) -> None:
         for item in output.freed:
@@ -40,20 +40,20 @@ class RunnerView:
             assert chunk.request_id not in self.closed_streams
             assert chunk.first_frame == self.next_codec_frame.get(chunk.request_id, 0)
             self.next_codec_frame[chunk.request_id] = chunk.first_frame + chunk.num_frames
-            self.num_prefill_frame_chunks += chunk.is_prefill_frame
-            # A prefill-frame chunk decodes the frame its own step makes, after that step's frames.
-            num_frames = scheduler.requests[chunk.request_id].num_frames + chunk.is_prefill_frame
+            self.num_step_frame_chunks += chunk.is_step_frame
+            # A step-frame chunk decodes the frame its own step makes, after that step's frames.
+            num_frames = scheduler.requests[chunk.request_id].num_frames + chunk.is_step_frame
             assert chunk.first_frame + chunk.num_frames <= num_frames
             if chunk.is_final:
                 self.closed_streams.add(chunk.request_id)
                 assert self.next_codec_frame[chunk.request_id] == scheduler.requests[chunk.request_id].num_frames
 
     def take_back(self, output: SchedulerOutput, scheduler: Scheduler) -> None:
-        """A prefill-frame chunk whose frame turned out to be EOS or an error was never decoded."""
+        """A step-frame chunk whose frame turned out to be EOS or an error was never decoded."""
         for chunk in output.codec_chunks:
             request = scheduler.requests.get(chunk.request_id)
-            if chunk.is_prefill_frame and request is not None and request.num_frames == 0:
-                self.next_codec_frame[chunk.request_id] = 0
+            if chunk.is_step_frame and request is not None and request.num_frames == chunk.first_frame:
+                self.next_codec_frame[chunk.request_id] = chunk.first_frame
 
 
 def check_output(output: SchedulerOutput, scheduler: Scheduler, config: SchedulerConfig, now: float) -> None:
@@ -135,12 +135,12 @@ def run_random_step(scheduler: Scheduler, runner: RunnerView, rng: random.Random
     check_state(scheduler)
 
 
-@pytest.mark.parametrize("first_chunk_in_prefill_step", [False, True])
+@pytest.mark.parametrize("num_first_frames_in_their_step", [0, 3])
 @pytest.mark.parametrize("seed", range(8))
-def test_random_workload_keeps_every_invariant_and_drains_to_zero(seed: int, first_chunk_in_prefill_step: bool,
-                                                                  ) -> None:
+def test_random_workload_keeps_every_invariant_and_drains_to_zero(seed: int,
+                                                                  num_first_frames_in_their_step: int) -> None:
     rng = random.Random(seed)
-    scheduler = Scheduler(replace(CONFIG, first_chunk_in_prefill_step=first_chunk_in_prefill_step))
+    scheduler = Scheduler(replace(CONFIG, num_first_frames_in_their_step=num_first_frames_in_their_step))
     runner = RunnerView()
     now = 0.0
     num_added = 0
@@ -170,4 +170,4 @@ def test_random_workload_keeps_every_invariant_and_drains_to_zero(seed: int, fir
     assert not scheduler.has_unfinished_requests
     assert (scheduler.num_kv_blocks_used, scheduler.num_slots_used) == (0, 0)
     assert runner.request_by_slot == {}
-    assert (runner.num_prefill_frame_chunks > 0) == first_chunk_in_prefill_step
+    assert (runner.num_step_frame_chunks > 0) == (num_first_frames_in_their_step > 0)

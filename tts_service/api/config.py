@@ -74,9 +74,9 @@ class ServerConfig:
     max_voices_per_caller: int = _ENGINE.max_voices_per_owner  # registered voices of one caller (API key)
     max_voice_bytes: int = _ENGINE.max_voice_bytes  # one registered voice, as stored
     profile_steps: bool = _ENGINE.profile_steps  # the step profiler: phase times into the metrics
-    # A new stream's first frame decoded in the step that made it (earlier first audio), or in the next step's
-    # batched codec call (fewer codec calls in a step that admits many).
-    first_chunk_in_prefill_step: bool = _ENGINE.first_chunk_in_prefill_step
+    # A new stream's first frames decoded each in the step that made it (earlier first audio, and a second chunk
+    # one step after the first); 0: in the next step's batched codec call.
+    first_frames_in_their_step: int = _ENGINE.num_first_frames_in_their_step
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
     max_unread_audio_seconds: float = _ENGINE.max_unread_audio_s
@@ -108,6 +108,8 @@ class ServerConfig:
         for name in ("max_reference_audio_seconds", "max_audio_seconds", "max_stream_seconds",
                      "stream_idle_timeout_seconds", "max_unread_audio_seconds"):
             _require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+        _require(self.first_frames_in_their_step >= 0, "first_frames_in_their_step",
+                 f"must be >= 0, got {self.first_frames_in_their_step}")
         _require(self.drain_timeout_seconds >= 0, "drain_timeout_seconds",
                  f"must be >= 0, got {self.drain_timeout_seconds}")
         _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
@@ -151,7 +153,7 @@ class ServerConfig:
                             max_reference_audio_s=self.max_reference_audio_seconds,
                             max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks,
                             profile_steps=self.profile_steps,
-                            first_chunk_in_prefill_step=self.first_chunk_in_prefill_step,
+                            num_first_frames_in_their_step=self.first_frames_in_their_step,
                             voice_store_dir=self.voice_store,
                             max_voices=self.max_voices, max_voices_per_owner=self.max_voices_per_caller,
                             max_voice_bytes=self.max_voice_bytes)
@@ -198,6 +200,9 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("max-text-chars", int, "most characters of text per request (and of an instruction)")
     add("max-reference-text-chars", int, "most characters of a voice clone's reference transcript")
     add("max-concurrent", int, "requests generating at once")
+    add("first-frames-in-their-step", int, "a new stream's first N frames are each decoded in the step that made "
+                                           "it, in a small codec call of their own (earlier first audio); 0: in the "
+                                           "next step's batched codec call (default 2)")
     add("max-waiting", int, "queued requests beyond which new ones get RESOURCE_EXHAUSTED")
     add("max-message-bytes", int, "largest request message accepted")
     add("max-reference-audio-seconds", float, "longest voice-cloning reference recording")
@@ -229,12 +234,6 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                         default=_is_true(environ.get(env_name, str(defaults.profile_steps))),
                         help="time every engine step's phases (host and GPU) and the server's per-chunk work into "
                              f"the metrics (qwen3_tts_*_phase_seconds); off by default [env {env_name}]")
-    env_name = ENV_PREFIX + "FIRST_CHUNK_IN_PREFILL_STEP"
-    parser.add_argument("--first-chunk-in-prefill-step", action=argparse.BooleanOptionalAction,
-                        default=_is_true(environ.get(env_name, str(defaults.first_chunk_in_prefill_step))),
-                        help="decode a new stream's first frame in the step whose prefill made it, for earlier first "
-                             "audio; with --no-first-chunk-in-prefill-step it waits for the next step's batched codec "
-                             f"call, which costs a step that admits many one codec call less [env {env_name}]")
     return parser
 
 

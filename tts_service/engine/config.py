@@ -49,10 +49,11 @@ class EngineConfig:
     # distinct length) and ask for steps of half a frame's duration while a stream starts
     # (BENCHMARKS.md, "one codec call per step").
     codec_chunk_schedule: tuple[int, ...] = (1,)
-    # A new stream's first frame is decoded in the step whose prefill made it, in a codec call of its own
-    # after the frames, rather than in the next step's batched call: its first audio waits for a codec call
-    # over the new streams alone, and the step carries one more (small) codec call.
-    first_chunk_in_prefill_step: bool = True
+    # A new stream's first frames are each decoded in the step that made it, in a small codec call after the
+    # frames, rather than in the next step's batched call: its first audio waits for a codec call over the new
+    # streams alone, and its second chunk comes a step after the first, as every later one does (not a step
+    # and a half). 0: every frame waits for the next step's call.
+    num_first_frames_in_their_step: int = 2
     max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
     # -- graphs and kernels --
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -79,6 +80,7 @@ class EngineConfig:
             _require(math.isfinite(getattr(self, name)) and getattr(self, name) > 0, name, "> 0")
         _require(self.max_positions_per_request is None or self.max_positions_per_request >= 1,
                  "max_positions_per_request", ">= 1")
+        _require(self.num_first_frames_in_their_step >= 0, "num_first_frames_in_their_step", ">= 0")
 
     @property
     def num_runner_slots(self) -> int:
@@ -116,7 +118,7 @@ class EngineConfig:
             max_prefill_positions_at_risk=self.max_prefill_positions_at_risk,
             frame_duration_s=1.0 / frame_rate_hz, max_slots=self.num_runner_slots,
             max_positions_per_request=self.positions_per_request(frame_rate_hz),
-            first_chunk_in_prefill_step=self.first_chunk_in_prefill_step)
+            num_first_frames_in_their_step=self.num_first_frames_in_their_step)
 
 
 def _require(condition: bool, name: str, requirement: str) -> None:

@@ -31,7 +31,7 @@ from scheduler.request import FinishReason, Request
 from scheduler.scheduler import Scheduler
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.model_info import ModelInfo
-from tts_service.engine.step_work import CodecRestart, CodecWork, PrefillFrameWork, StepDone, StepWork, run_step
+from tts_service.engine.step_work import CodecRestart, CodecWork, StepDone, StepFrameWork, StepWork, run_step
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenization
 from tts_service.engine.voice_files import RegisteredVoice, VoiceShape
@@ -68,7 +68,7 @@ class EngineStats:
     loop_s: float = 0.0  # in the loop between schedule() and the end of fan-out, execute_s included
     last_step_s: float = 0.0
     # With the step profiler on: seconds per phase, host ("schedule", "plan", "launch", "codec", "frames",
-    # "prefill_audio", "update") and device ("device_prefill", "device_decode", "device_codec", ...), summed over steps.
+    # "step_audio", "update") and device ("device_prefill", "device_decode", "device_codec", ...), summed over steps.
     phase_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -445,7 +445,7 @@ class Engine:
                 phases = None
                 if self.runner.timer is not None:  # the step profiler: host phases, then the device's
                     phases = {"schedule": scheduled - started, "plan": planned - scheduled, "launch": done.launch_s,
-                              "codec": done.codec_s, "frames": done.frames_s, "prefill_audio": done.prefill_audio_s,
+                              "codec": done.codec_s, "frames": done.frames_s, "step_audio": done.step_audio_s,
                               "update": applied - computed}
                     phases |= {f"device_{name}": seconds for name, seconds in self.runner.timer.take().items()}
                 self._count(output, computed - planned, applied - started, phases)
@@ -499,13 +499,13 @@ class Engine:
             live = self._live[item.request_id]
             decodes.append(DecodeInput(item.slot, item.block_ids, item.position, item.frame_index,
                                        self._text_id_for_input(live, item.frame_index - 1)))
-        chunks = tuple(self._codec_work(chunk) for chunk in output.codec_chunks if not chunk.is_prefill_frame)
-        prefill_frames = tuple(PrefillFrameWork(chunk.request_id, chunk.slot)
-                               for chunk in output.codec_chunks if chunk.is_prefill_frame)
+        chunks = tuple(self._codec_work(chunk) for chunk in output.codec_chunks if not chunk.is_step_frame)
+        step_frames = tuple(StepFrameWork(chunk.request_id, chunk.slot, chunk.first_frame)
+                            for chunk in output.codec_chunks if chunk.is_step_frame)
         return StepWork(StepInput(tuple(prefills), tuple(decodes)),
                         prefill_ids=tuple(item.request_id for item in output.prefills),
                         decode_ids=tuple(item.request_id for item in output.decodes),
-                        restarts=tuple(restarts), chunks=chunks, prefill_frames=prefill_frames,
+                        restarts=tuple(restarts), chunks=chunks, step_frames=step_frames,
                         eos_code=self._eos_code)
 
     def _codec_context(self, live: _Live, num_codec_frames: int) -> np.ndarray:

@@ -44,11 +44,12 @@ class CodecRestart:
 
 
 @dataclass(frozen=True)
-class PrefillFrameWork:
-    """A new stream's first frame, which this step's prefill makes: decoded once it exists, unless it is EOS."""
+class StepFrameWork:
+    """One of a new stream's first frames, which this step makes: decoded once it exists, unless it is EOS."""
 
     request_id: str
     slot: int
+    frame_index: int
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class StepWork:
     decode_ids: tuple[str, ...]
     restarts: tuple[CodecRestart, ...]
     chunks: tuple[CodecWork, ...]
-    prefill_frames: tuple[PrefillFrameWork, ...] = ()
+    step_frames: tuple[StepFrameWork, ...] = ()
     eos_code: int = -1  # codebook 0's end of speech: such a frame has no audio
 
 
@@ -70,7 +71,7 @@ class StepDone:
     launch_s: float = 0.0  # host seconds queueing the codec work and the frames (building the frames' inputs)
     codec_s: float = 0.0  # host seconds then waiting for the codec's samples and handing them over
     frames_s: float = 0.0  # host seconds then waiting for the frames
-    prefill_audio_s: float = 0.0  # host seconds in the runner decoding the prefills' first frames
+    step_audio_s: float = 0.0  # host seconds in the runner decoding the frames this step made (`step_frames`)
 
 
 def run_step(runner: ModelRunner, work: StepWork, on_audio: Callable[[StepDone], None]) -> StepDone:
@@ -78,8 +79,8 @@ def run_step(runner: ModelRunner, work: StepWork, on_audio: Callable[[StepDone],
 
     The codec work and then the frames are queued on the device before the host waits for anything, so the
     device runs them back to back while the host builds the frames' inputs; `on_audio` gets the codec's outcome
-    as soon as it is there, while the frames still run. Then the new streams' first frames go through the codec
-    and to `on_audio` again.
+    as soon as it is there, while the frames still run. Then the new streams' frames just made go through the
+    codec and to `on_audio` again.
     """
     started = time.perf_counter()
     audio = start_audio(runner, work)
@@ -91,13 +92,13 @@ def run_step(runner: ModelRunner, work: StepWork, on_audio: Callable[[StepDone],
     audio_done = time.perf_counter()
     collect_frames(work, frames, done)
     frames_done = time.perf_counter()
-    if work.prefill_frames:
+    if work.step_frames:
         # A StepDone of its own: the loop may still be reading the first one's audio.
-        first_audio = decode_prefill_frames(runner, work, done)
-        done.errors.update(first_audio.errors)
-        on_audio(first_audio)
+        step_audio = decode_step_frames(runner, work, done)
+        done.errors.update(step_audio.errors)
+        on_audio(step_audio)
     done.launch_s, done.codec_s, done.frames_s = launched - started, audio_done - launched, frames_done - audio_done
-    done.prefill_audio_s = time.perf_counter() - frames_done
+    done.step_audio_s = time.perf_counter() - frames_done
     return done
 
 
@@ -134,12 +135,13 @@ def start_audio(runner: ModelRunner, work: StepWork) -> AudioInFlight:
     return audio
 
 
-def decode_prefill_frames(runner: ModelRunner, work: StepWork, frames: StepDone) -> StepDone:
-    """The first frame each new stream's prefill made in this step, through the codec in one batched call."""
-    ready = [item for item in work.prefill_frames
+def decode_step_frames(runner: ModelRunner, work: StepWork, frames: StepDone) -> StepDone:
+    """The `step_frames` this step made, through the codec in one batched call."""
+    ready = [item for item in work.step_frames
              if item.request_id in frames.frames and item.request_id not in frames.errors
              and frames.frames[item.request_id][0] != work.eos_code]
-    chunks = tuple(CodecWork(item.request_id, item.slot, 0, frames.frames[item.request_id][None]) for item in ready)
+    chunks = tuple(CodecWork(item.request_id, item.slot, item.frame_index, frames.frames[item.request_id][None])
+                   for item in ready)
     audio = AudioInFlight()
     _start_chunks(runner, chunks, audio)
     return audio.collect()
