@@ -27,10 +27,12 @@ SPEAKERS = ["ryan", "eric", "serena"]
 
 
 def make_engine(model, *, max_running: int = 4, num_slots: int = 6, num_kv_blocks: int = 128,
-                max_waiting: int = 64, chunk_schedule: tuple[int, ...] = (1, 2, 4), clock=time.monotonic) -> Engine:
+                max_waiting: int = 64, chunk_schedule: tuple[int, ...] = (1, 2, 4), clock=time.monotonic,
+                num_first_frames_in_their_step: int = 0) -> Engine:
     config = EngineConfig(max_running=max_running, num_slots=num_slots, max_waiting=max_waiting, block_size=4,
                           num_kv_blocks=num_kv_blocks, max_positions_per_request=256,
-                          codec_chunk_schedule=chunk_schedule)
+                          codec_chunk_schedule=chunk_schedule,
+                          num_first_frames_in_their_step=num_first_frames_in_their_step)
     return Engine.create(model, config, clock)
 
 
@@ -69,10 +71,12 @@ async def run_all(engine: Engine, requests: list[SynthesisRequest]):
         await engine.stop()
 
 
-def test_concurrent_requests_equal_eager_generation_and_stream_equal_offline_audio(tiny_models) -> None:
+@pytest.mark.parametrize("num_first_frames_in_their_step", [0, 2])
+def test_concurrent_requests_equal_eager_generation_and_stream_equal_offline_audio(
+        tiny_models, num_first_frames_in_their_step: int) -> None:
     model = tiny_models["custom_voice"]
     requests = mixed_requests(10)
-    engine = make_engine(model, max_running=3)
+    engine = make_engine(model, max_running=3, num_first_frames_in_their_step=num_first_frames_in_their_step)
     results = asyncio.run(run_all(engine, [SynthesisRequest(f"r{i}", s, p) for i, (s, p) in enumerate(requests)]))
     for (waveform, summary), want in zip(results, eager_codes(model, requests), strict=True):
         assert summary.finish_reason in (FinishReason.STOPPED, FinishReason.LENGTH)
@@ -88,14 +92,17 @@ def test_concurrent_requests_equal_eager_generation_and_stream_equal_offline_aud
     assert 0 < stats.execute_s <= stats.loop_s
 
 
-def test_preempted_requests_resume_with_identical_codes_and_audio(tiny_models) -> None:
+@pytest.mark.parametrize("num_first_frames_in_their_step", [0, 2])
+def test_preempted_requests_resume_with_identical_codes_and_audio(tiny_models,
+                                                                  num_first_frames_in_their_step: int) -> None:
     model = tiny_models["custom_voice"]
     requests = [(s, replace(p, max_new_frames=30, min_new_frames=30)) for s, p in mixed_requests(4)]
     prompts = EagerSynthesizer(model).prompts
     blocks_needed = [-(-(prompts.build(s).num_positions + 30) // 4) for s, _ in requests]
     # Room for the largest request and half of the rest: running all four at once must preempt.
     engine = make_engine(model, max_running=4,
-                         num_kv_blocks=max(blocks_needed) + (sum(blocks_needed) - max(blocks_needed)) // 2)
+                         num_kv_blocks=max(blocks_needed) + (sum(blocks_needed) - max(blocks_needed)) // 2,
+                         num_first_frames_in_their_step=num_first_frames_in_their_step)
     results = asyncio.run(run_all(engine, [SynthesisRequest(f"r{i}", s, p) for i, (s, p) in enumerate(requests)]))
     assert engine.scheduler.num_preemptions_total > 0
     for (waveform, summary), want in zip(results, eager_codes(model, requests), strict=True):

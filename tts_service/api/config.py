@@ -74,8 +74,8 @@ class ServerConfig:
     max_voices_per_caller: int = _ENGINE.max_voices_per_owner  # registered voices of one caller (API key)
     max_voice_bytes: int = _ENGINE.max_voice_bytes  # one registered voice, as stored
     profile_steps: bool = _ENGINE.profile_steps  # the step profiler: phase times into the metrics
-    # A new stream's first frames decoded each in the step that made it (earlier first audio, and a second chunk
-    # one step after the first); 0: in the next step's batched codec call.
+    # A new stream's first frames decoded each in the step that made it (earlier first audio, less throughput);
+    # 0: in the next step's batched codec call.
     first_frames_in_their_step: int = _ENGINE.num_first_frames_in_their_step
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
@@ -201,8 +201,8 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("max-reference-text-chars", int, "most characters of a voice clone's reference transcript")
     add("max-concurrent", int, "requests generating at once")
     add("first-frames-in-their-step", int, "a new stream's first N frames are each decoded in the step that made "
-                                           "it, in a small codec call of their own (earlier first audio); 0: in the "
-                                           "next step's batched codec call (default 2)")
+                                           "it, in a small codec call of their own: earlier first audio, less "
+                                           "throughput; 0 (the default): in the next step's batched codec call")
     add("max-waiting", int, "queued requests beyond which new ones get RESOURCE_EXHAUSTED")
     add("max-message-bytes", int, "largest request message accepted")
     add("max-reference-audio-seconds", float, "longest voice-cloning reference recording")
