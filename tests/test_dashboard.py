@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from observability.metrics import LiveState, ServiceMetrics
+from tts_service.api.openai_http import SPEECH_RPC
 
 DASHBOARD_PATH = Path(__file__).resolve().parents[1] / "observability" / "grafana" / "qwen3-tts.json"
 GRID_COLUMNS = 24
@@ -59,7 +60,8 @@ DASHBOARD_SCHEMA: dict[str, Any] = {
 }
 # What the service's operators asked to see, as words each panel title must contain.
 REQUIRED_PANELS = ("time to first audio", "real-time factor", "audio seconds per second", "requests",
-                   "underruns", "errors by status", "kv cache", "step time", "batch size")
+                   "underruns", "errors by front door and status", "calls per second by front door", "kv cache",
+                   "step time", "batch size")
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +110,17 @@ def test_the_operators_panels_are_there(dashboard: dict[str, Any]) -> None:
         assert any(words in title for title in titles), words
     time_to_first_audio = next(panel for panel in panels(dashboard) if panel["title"] == "Time to first audio")
     assert [target["legendFormat"] for target in time_to_first_audio["targets"]] == ["p50", "p95", "p99"]
+
+
+def test_the_call_panels_tell_the_two_front_doors_apart(dashboard: dict[str, Any]) -> None:
+    by_door = [panel for panel in panels(dashboard) if "front door" in panel["title"].lower()]
+    assert len(by_door) == 2
+    for panel in by_door:
+        (target,) = panel["targets"]
+        # The HTTP front door's calls are counted under the rpc label the OpenAI-compatible API uses.
+        assert f'"door", "HTTP", "rpc", "{SPEECH_RPC}"' in target["expr"]
+        assert '"door", "gRPC", "rpc", ".+"' in target["expr"]
+        assert "{{door}}" in target["legendFormat"]
 
 
 def exported_metric_names() -> set[str]:
