@@ -9,10 +9,10 @@ import torch
 from tts_service.eager.generate import GenerationRequest, generate_codes
 from tts_service.eager.synthesize import EagerSynthesizer
 from tts_service.engine.config import EngineConfig
-from tts_service.model.prompts import SynthesisInput
+from tts_service.model.prompts import SynthesisInput, VoiceClone
 from tts_service.runner.config import RunnerConfig
 from tts_service.runner.params import GenerationParams, SamplingParams
-from tts_service.runner.runner import DecodeInput, ModelRunner, PrefillInput, StepInput
+from tts_service.runner.runner import DecodeInput, ModelRunner, PrefillInput, StepInput, _IdStaging
 
 BLOCK_SIZE = 4
 
@@ -94,3 +94,34 @@ def test_streamed_audio_through_slots_equals_one_shot_decode(tiny_models) -> Non
     with torch.inference_mode():
         one_shot = model.codec_decoder(codes.transpose(1, 2))[:, 0].numpy()
     assert np.abs(streamed - one_shot).max() <= 1e-4
+
+
+def test_a_prefill_with_a_bad_voice_fails_alone_and_the_step_serves_the_rest(tiny_models) -> None:
+    model = tiny_models["base"]
+    hidden = model.config.talker.layers.hidden_size
+    prompt = EagerSynthesizer(model).prompts.build(
+        SynthesisInput("Hello there.", "english", clone=VoiceClone(speaker_embedding=None, reference_codes=None)))
+    greedy = GenerationParams(talker=SamplingParams(0.0), predictor=SamplingParams(0.0), max_new_frames=4)
+    voice = torch.linspace(-1, 1, hidden)
+    # An x-vector prompt with its vector, with one of the wrong width, and with none.
+    embeddings: list[torch.Tensor | None] = [voice, torch.ones(hidden + 3), None]
+    runner = ModelRunner(model, runner_config(model))
+    prefills = tuple(PrefillInput(slot, tuple(range(slot * 16, slot * 16 + 16)), prompt, greedy,
+                                  speaker_embedding=embedding) for slot, embedding in enumerate(embeddings))
+    output = runner.execute(StepInput(prefills))
+    assert sorted(output.failed_prefills) == [1, 2]
+    assert "speaker" in output.failed_prefills[2]
+    (frame,) = output.prefill_frames
+    want = generate_codes(model.talker, [GenerationRequest(prompt, greedy, voice)], model.config.tts_pad_token_id)
+    assert np.array_equal(frame, want[0].codes[0].numpy())
+
+
+def test_one_upload_carries_a_steps_ids_and_grows_past_its_buffer() -> None:
+    staging = _IdStaging(torch.device("cpu"), num_ids=4)
+    arrays = [np.arange(3), np.zeros(0, dtype=np.int64), np.arange(10, 16)]
+    uploaded = staging.upload(arrays)
+    assert [tensor.tolist() for tensor in uploaded] == [[0, 1, 2], [], [10, 11, 12, 13, 14, 15]]
+    assert len(staging.buffer) >= 9
+    # The device copies are the step's own: staging the next step leaves them as they were.
+    staging.upload([np.full(9, 7)])
+    assert uploaded[2].tolist() == [10, 11, 12, 13, 14, 15]

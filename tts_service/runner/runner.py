@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from tts_service.model.checkpoint import LoadedModel
 from tts_service.model.codec_decoder import CodecStreamState
-from tts_service.model.embedding import embed_prompt, embed_text_ids
+from tts_service.model.embedding import PromptIds, embed_prompt_ids, embed_text_ids, prompt_ids
 from tts_service.model.fused_ops import kernels_available
 from tts_service.model.layers import use_fused_kernels
 from tts_service.model.prompts import Prompt
@@ -203,6 +203,7 @@ class ModelRunner:
         self.prefill_batch_buckets, self.prefill_length_buckets = config.prefill_buckets()
         self.prefill = self._allocate_prefill_buffers(talker_config.layers.hidden_size)
         self.pad_embedding = embed_text_ids(self.talker, [self.tts_pad_id])[0]
+        self.staging = _IdStaging(self.device)
         self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
         if self.uses_graphs:
             self._capture_graphs()
@@ -350,14 +351,6 @@ class ModelRunner:
 
     # -- prefill ------------------------------------------------------------------------------
 
-    def _prefill_embeddings(self, item: PrefillInput) -> torch.Tensor:
-        embeds = embed_prompt(self.talker, item.prompt, item.speaker_embedding)
-        if not item.resumed_frames:
-            return embeds
-        frames = torch.tensor(item.resumed_frames, dtype=torch.long, device=self.device)
-        text = embed_text_ids(self.talker, item.resumed_text_ids)
-        return torch.cat([embeds, self.talker.embed_frame(frames) + text])
-
     def _prefill_bucket(self, batch: int, longest: int) -> tuple[int, int] | None:
         """The captured (batch, length) bucket that holds this prefill; None when it must run eagerly."""
         batch_bucket = _smallest_at_least(self.prefill_batch_buckets, batch)
@@ -392,9 +385,11 @@ class ModelRunner:
         buffers.graphs[bucket].replay()
         return buffers.last_hidden[:len(embeds)]
 
-    def _prefill(self, prefills: tuple[PrefillInput, ...], embeds: list[torch.Tensor]) -> torch.Tensor:
+    def _prefill(self, prefills: tuple[PrefillInput, ...], embeds: list[torch.Tensor],
+                 resumed_code0: list[torch.Tensor | None]) -> torch.Tensor:
         """The talker over each prompt (its keys and values into the request's blocks) -> each last hidden state;
-        the slots are set up for sampling the first frames."""
+        the slots are set up for sampling the first frames (a resumed request's repetition penalty remembers the
+        codebook-0 codes `resumed_code0` it already made)."""
         lengths = torch.tensor([e.shape[0] for e in embeds], dtype=torch.int64)
         block_tables = _block_tables([item.block_ids for item in prefills])
         bucket = self._prefill_bucket(len(prefills), int(lengths.max()))
@@ -402,11 +397,10 @@ class ModelRunner:
             last = self._prefill_hidden_eager(embeds, lengths, block_tables)
         else:
             last = self._prefill_hidden_graph(bucket, embeds, lengths, block_tables)
-        for item in prefills:
+        for item, ids in zip(prefills, resumed_code0, strict=True):
             self.state.assign(item.slot, item.params)
-            if item.resumed_frames:
-                code0 = torch.tensor([frame[0] for frame in item.resumed_frames], device=self.device)
-                self.state.seen[item.slot, code0] = True
+            if ids is not None:
+                self.state.seen[item.slot, ids] = True
         return last
 
     # -- step ---------------------------------------------------------------------------------
@@ -420,14 +414,14 @@ class ModelRunner:
         timer = self.timer
         if timer is not None:
             timer.start()
-        prefills, embeds, failed = self._prefill_inputs(step.prefills)
+        prefills, embeds, resumed_code0, failed = self._prefill_inputs(step.prefills)
         if not (prefills or step.decodes):
             return PendingStep(None, 0, failed, self.num_groups)
         prefill_hidden = None
         if prefills:
             if timer is not None:
                 timer.mark("prefill_inputs")
-            prefill_hidden = self._prefill(prefills, embeds)
+            prefill_hidden = self._prefill(prefills, embeds, resumed_code0)
             if timer is not None:
                 timer.mark("prefill")
         frames = self._frames(step.decodes, prefills, prefill_hidden)
@@ -440,18 +434,32 @@ class ModelRunner:
         return pending
 
     def _prefill_inputs(self, items: tuple[PrefillInput, ...]
-                        ) -> tuple[tuple[PrefillInput, ...], list[torch.Tensor], dict[int, str]]:
-        """Each prefill's embeddings, built one request at a time so that one request's bad input (a voice
+                        ) -> tuple[tuple[PrefillInput, ...], list[torch.Tensor], list[torch.Tensor | None],
+                                   dict[int, str]]:
+        """Each prefill's embeddings (and a resumed request's codebook-0 codes), from one upload of every prompt's
+        ids. Each request's inputs are checked and embedded apart, so that one request's bad input (a voice
         embedding of the wrong shape, say) fails that request alone."""
-        kept, embeds, failed = [], [], {}
+        failed: dict[int, str] = {}
+        laid_out: list[tuple[int, PrefillInput, PromptIds]] = []
         for index, item in enumerate(items):
             try:
-                embeds.append(self._prefill_embeddings(item))
+                ids = prompt_ids(item.prompt, item.speaker_embedding is not None, item.resumed_frames,
+                                 item.resumed_text_ids)
             except Exception as error:  # charged to this request by the caller
                 failed[index] = f"{type(error).__name__}: {error}"
                 continue
+            laid_out.append((index, item, ids))
+        uploaded = self.staging.upload([ids.concatenated() for _, _, ids in laid_out])
+        kept, embeds, resumed_code0 = [], [], []
+        for (index, item, ids), values in zip(laid_out, uploaded, strict=True):
+            try:
+                embeds.append(embed_prompt_ids(self.talker, ids, values, item.speaker_embedding))
+            except Exception as error:
+                failed[index] = f"{type(error).__name__}: {error}"
+                continue
             kept.append(item)
-        return tuple(kept), embeds, failed
+            resumed_code0.append(ids.resumed_codebook0(values))
+        return tuple(kept), embeds, resumed_code0, failed
 
     # -- audio --------------------------------------------------------------------------------
 
@@ -514,6 +522,39 @@ class ModelRunner:
         buffers.codes[:batch, :, :num_frames].copy_(chunk)
         graph.replay()
         return buffers.audio[:batch, :num_frames * self.model.speech_config.samples_per_frame]
+
+
+class _IdStaging:
+    """One host buffer for every id a step uploads, pinned on CUDA: a step's prompts go to the device in a single
+    copy queued behind the device's work, with no page-locking per prompt. The buffer is reused, so a new
+    upload first waits for the last one's copy (long done: a step waits for its frames, queued after it)."""
+
+    def __init__(self, device: torch.device, num_ids: int = 1 << 16) -> None:
+        self.device = device
+        self.buffer = self._allocate(num_ids)
+        self.copied: torch.cuda.Event | None = None
+
+    def _allocate(self, num_ids: int) -> torch.Tensor:
+        return torch.empty(num_ids, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+
+    def upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+        """The arrays' int64 values on the device, one tensor each."""
+        sizes = [len(values) for values in arrays]
+        total = sum(sizes)
+        if not total:
+            return [torch.zeros(0, dtype=torch.int64, device=self.device) for _ in arrays]
+        if self.copied is not None:
+            self.copied.synchronize()
+        if total > len(self.buffer):
+            self.buffer = self._allocate(max(total, 2 * len(self.buffer)))
+        host = self.buffer[:total]
+        np.concatenate(arrays, out=host.numpy())
+        if self.device.type != "cuda":
+            return list(host.clone().split(sizes))
+        uploaded = host.to(self.device, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+        return list(uploaded.split(sizes))
 
 
 def _smallest_at_least(sizes: tuple[int, ...], value: int) -> int | None:
