@@ -81,13 +81,13 @@ def test_a_deadline_passing_while_queued_ends_the_call_before_it_runs(one_slot_s
 def test_a_deadline_passing_during_the_prefill_ends_the_call_and_frees_the_request(
         roomy_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = roomy_server.engine.runner
-    original = runner._prefill_embeddings
+    original = runner._prefill_inputs
 
-    def slow(item: PrefillInput) -> Any:
+    def slow(items: tuple[PrefillInput, ...]) -> Any:
         time.sleep(0.8)  # the deadline passes while the prefill runs
-        return original(item)
+        return original(items)
 
-    monkeypatch.setattr(runner, "_prefill_embeddings", slow)
+    monkeypatch.setattr(runner, "_prefill_inputs", slow)
     with roomy_server.client() as client, pytest.raises(grpc.RpcError) as caught:
         client.synthesize("A slow prefill.", RYAN, generation=SHORT, timeout=0.4)
     assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
@@ -116,14 +116,14 @@ def test_one_requests_failing_step_ends_it_with_internal_while_the_others_finish
         roomy_server: RunningServer, monkeypatch: pytest.MonkeyPatch, report_figure: Callable[[str], None]) -> None:
     engine: Engine = roomy_server.engine
     runner = engine.runner
-    original = runner._prefill_embeddings
+    original = runner._prefill_embedding
 
-    def fail_the_marked_request(item: PrefillInput) -> Any:
+    def fail_the_marked_request(item: PrefillInput, *inputs: Any) -> Any:
         if item.params.seed == FAILING_SEED:
             raise RuntimeError("injected fault")
-        return original(item)
+        return original(item, *inputs)
 
-    monkeypatch.setattr(runner, "_prefill_embeddings", fail_the_marked_request)
+    monkeypatch.setattr(runner, "_prefill_embedding", fail_the_marked_request)
 
     async def together() -> list[str]:
         async def call(seed: int) -> str:

@@ -351,6 +351,10 @@ class ModelRunner:
 
     # -- prefill ------------------------------------------------------------------------------
 
+    def _prefill_embedding(self, item: PrefillInput, ids: PromptIds, uploaded: torch.Tensor) -> torch.Tensor:
+        """One prefill's input embeddings from its ids on the device."""
+        return embed_prompt_ids(self.talker, ids, uploaded, item.speaker_embedding)
+
     def _prefill_bucket(self, batch: int, longest: int) -> tuple[int, int] | None:
         """The captured (batch, length) bucket that holds this prefill; None when it must run eagerly."""
         batch_bucket = _smallest_at_least(self.prefill_batch_buckets, batch)
@@ -453,7 +457,7 @@ class ModelRunner:
         kept, embeds, resumed_code0 = [], [], []
         for (index, item, ids), values in zip(laid_out, uploaded, strict=True):
             try:
-                embeds.append(embed_prompt_ids(self.talker, ids, values, item.speaker_embedding))
+                embeds.append(self._prefill_embedding(item, ids, values))
             except Exception as error:
                 failed[index] = f"{type(error).__name__}: {error}"
                 continue
