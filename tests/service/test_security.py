@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.qwen3_tts_client import Connection, TtsClient, tts_pb2
 from clients.qwen3_tts_client.client import synthesize_request
 from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2_grpc
+from tests.service.certificates import Certificates, issue_certificates, write_certificates
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server
 from tests.service.processes import free_port
 from tts_service.model.checkpoint import LoadedModel
@@ -69,55 +63,9 @@ def test_the_client_sends_its_api_key_and_health_checks_need_none(keyed_server: 
 # -- TLS -------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Pem:
-    certificate: bytes
-    key: bytes
-
-
-def _issue(subject: str, issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None, is_ca: bool,
-           hosts: tuple[str, ...] = ()) -> tuple[Pem, x509.Name, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    issuer_name, issuer_key = issuer or (name, key)
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer_name).public_key(key.public_key())
-               .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True))
-    if hosts:
-        names = [x509.DNSName(host) if not host[0].isdigit() else x509.IPAddress(ipaddress.ip_address(host))
-                 for host in hosts]
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    certificate = builder.sign(issuer_key, hashes.SHA256())
-    pem = Pem(certificate.public_bytes(serialization.Encoding.PEM),
-              key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()))
-    return pem, name, key
-
-
-@dataclass(frozen=True)
-class Certificates:
-    ca: Pem
-    server: Pem
-    client: Pem
-
-
 @pytest.fixture(scope="module")
 def certificates() -> Certificates:
-    ca, ca_name, ca_key = _issue("test CA", None, is_ca=True)
-    server, _, _ = _issue("localhost", (ca_name, ca_key), is_ca=False, hosts=("localhost", "127.0.0.1"))
-    client, _, _ = _issue("test client", (ca_name, ca_key), is_ca=False)
-    return Certificates(ca, server, client)
-
-
-def _write(directory: Path, certificates: Certificates) -> dict[str, Path]:
-    paths = {"tls_cert": directory / "server.pem", "tls_key": directory / "server.key",
-             "tls_client_ca": directory / "ca.pem"}
-    paths["tls_cert"].write_bytes(certificates.server.certificate)
-    paths["tls_key"].write_bytes(certificates.server.key)
-    paths["tls_client_ca"].write_bytes(certificates.ca.certificate)
-    return paths
+    return issue_certificates()
 
 
 def _tls_client(server: RunningServer, certificates: Certificates, with_client_certificate: bool) -> TtsClient:
@@ -130,7 +78,7 @@ def _tls_client(server: RunningServer, certificates: Certificates, with_client_c
 def test_tls_serves_clients_that_trust_its_ca_and_refuses_plaintext(tiny_models: dict[str, LoadedModel],
                                                                     certificates: Certificates,
                                                                     tmp_path: Path) -> None:
-    paths = _write(tmp_path, certificates)
+    paths = write_certificates(tmp_path, certificates)
     server = start_server(tiny_models["custom_voice"], with_engine=False, host="localhost",
                           tls_cert=paths["tls_cert"], tls_key=paths["tls_key"])
     try:
@@ -148,7 +96,7 @@ def test_tls_serves_clients_that_trust_its_ca_and_refuses_plaintext(tiny_models:
 def test_mutual_tls_requires_a_client_certificate_signed_by_the_client_ca(tiny_models: dict[str, LoadedModel],
                                                                          certificates: Certificates,
                                                                          tmp_path: Path) -> None:
-    server = start_server(tiny_models["custom_voice"], host="localhost", **_write(tmp_path, certificates))
+    server = start_server(tiny_models["custom_voice"], host="localhost", **write_certificates(tmp_path, certificates))
     try:
         with _tls_client(server, certificates, with_client_certificate=True) as client:
             assert client.list_voices(timeout=5).speakers
@@ -164,7 +112,7 @@ def test_a_tls_server_offers_plaintext_health_alone_on_its_health_port(tiny_mode
                                                                       certificates: Certificates,
                                                                       tmp_path: Path) -> None:
     server = start_server(tiny_models["custom_voice"], host="localhost", health_port=free_port(),
-                          **_write(tmp_path, certificates))
+                          **write_certificates(tmp_path, certificates))
     try:
         with grpc.insecure_channel(f"localhost:{server.server.health_port}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
