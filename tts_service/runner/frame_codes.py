@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 
 from tts_service.model.talker import Talker
-from tts_service.runner.sampling import RowSampling, penalize_repetitions, sample
+from tts_service.runner.sampling import RowSampling, gumbel_noise, penalize_repetitions, sample
 
 # The top of the codec vocabulary holds control ids the talker must never emit (EOS excepted).
 NUM_SUPPRESSED_IDS = 1024
@@ -50,14 +50,20 @@ def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, cod
     predictor = talker.code_predictor
     batch = code0.shape[0]
     inputs = torch.stack([talker_hidden, talker.embed_codec(code0)], dim=1)
+    num_groups = talker.config.num_code_groups
+    # Draw `first_draw + codebook` for codebooks 1..G-1, all made at once: [B, G-1, V].
+    draws = first_draw[:, None] + torch.arange(1, num_groups, device=code0.device)
+    gumbel: torch.Tensor | None = None
     codes: list[torch.Tensor] = []
-    for codebook in range(1, talker.config.num_code_groups):
+    for codebook in range(1, num_groups):
         start = 0 if codebook == 1 else codebook
         positions = torch.arange(start, start + inputs.shape[1], device=code0.device).expand(batch, -1)
         memory.prepare(start, inputs.shape[1])
         hidden = predictor.hidden(inputs, positions, memory)[:, -1]
         scores = predictor.logits(codebook, hidden).float()
-        code = sample(scores, rows, seeds, first_draw + codebook)
+        if gumbel is None:
+            gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
+        code = sample(scores, rows, seeds, first_draw + codebook, gumbel[:, codebook - 1])
         codes.append(code)
         inputs = predictor.embed(codebook, code)[:, None]
     return torch.stack(codes, dim=1)

@@ -52,11 +52,19 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Uniform (0, 1) noise [B, V] determined by each row's seed and draw index alone."""
+    """Uniform (0, 1) noise [B, V] for draws [B], or [B, D, V] for draws [B, D], determined by each row's seed
+    and draw index alone (the hash is elementwise, so a draw's noise is the same whichever way it is asked for)."""
     tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    seeds = seeds.reshape(seeds.shape + (1,) * (draws.dim() - 1))
     key = _mix((seeds & _MASK32) ^ ((draws * _DRAW_STRIDE) & _MASK32))
-    bits = _mix((key[:, None] + tokens[None, :] * _TOKEN_STRIDE) & _MASK32)
+    bits = _mix((key[..., None] + tokens * _TOKEN_STRIDE) & _MASK32)
     return unit_interval(bits)
+
+
+def gumbel_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Gumbel noise of the shape `uniform_noise` gives. The code predictor asks for a frame's 15 draws at once:
+    one set of kernels instead of fifteen, and the same values."""
+    return -torch.log(-torch.log(uniform_noise(seeds, draws, vocab_size)))
 
 
 def unit_interval(bits: torch.Tensor) -> torch.Tensor:
@@ -91,10 +99,13 @@ def filter_top_k_top_p(scores: torch.Tensor, rows: RowSampling) -> torch.Tensor:
     return torch.empty_like(scores).scatter_(-1, order, ascending)
 
 
-def sample(scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
-    """scores [B, V] fp32 after logit processors -> token ids [B]; greedy rows take the argmax."""
+def sample(scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
+           gumbel: torch.Tensor | None = None) -> torch.Tensor:
+    """scores [B, V] fp32 after logit processors -> token ids [B]; greedy rows take the argmax. `gumbel` is this
+    draw's `gumbel_noise` when the caller made it already."""
     greedy = scores.argmax(dim=-1)
     filtered = filter_top_k_top_p(scores, rows)
-    gumbel = -torch.log(-torch.log(uniform_noise(seeds, draws, scores.shape[-1])))
+    if gumbel is None:
+        gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
     drawn = (filtered + gumbel).argmax(dim=-1)
     return torch.where(rows.temperature > 0, drawn, greedy)
