@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tts_service.runner.runner import ModelRunner, PendingAudio, PendingStep, StepInput, StepOutput
+from tts_service.runner.runner import HostCopy, ModelRunner, PendingStep, StepInput, StepOutput
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class AudioInFlight:
     """Codec calls queued on the device, by the chunks each decodes; `collect()` waits for their samples."""
 
     done: StepDone = field(default_factory=StepDone)
-    calls: list[tuple[list[CodecWork], PendingAudio]] = field(default_factory=list)
+    calls: list[tuple[list[CodecWork], HostCopy]] = field(default_factory=list)
 
     def collect(self) -> StepDone:
         for group, pending in self.calls:
@@ -147,30 +147,28 @@ def decode_step_frames(runner: ModelRunner, work: StepWork, frames: StepDone) ->
     return audio.collect()
 
 
-def start_frames(runner: ModelRunner, work: StepWork) -> PendingStep | str | None:
-    """Queue the step's prefills and decodes; the error's text when that failed, None when there are none."""
+def start_frames(runner: ModelRunner, work: StepWork) -> PendingStep | Exception | None:
+    """Queue the step's prefills and decodes; what queueing raised, for `collect_frames`; None when there are none."""
     if not (work.step.prefills or work.step.decodes):
         return None
     try:
         return runner.start_step(work.step)
-    except Exception as error:  # a failed batch fails its requests, not the engine
-        logger.exception("frame step failed for %d requests", len(work.prefill_ids) + len(work.decode_ids))
-        return f"frame step failed: {error}"
+    except Exception as error:
+        return error
 
 
-def collect_frames(work: StepWork, frames: PendingStep | str | None, done: StepDone) -> None:
+def collect_frames(work: StepWork, frames: PendingStep | Exception | None, done: StepDone) -> None:
     """The frames of `start_frames`, added to `done`; a failure is charged to its requests, never raised."""
     if frames is None:
         return
-    if not isinstance(frames, str):
-        try:
-            _collect_frames(work, frames.result(), done)
-            return
-        except Exception as error:
-            logger.exception("frame step failed for %d requests", len(work.prefill_ids) + len(work.decode_ids))
-            frames = f"frame step failed: {error}"
-    for request_id in (*work.prefill_ids, *work.decode_ids):
-        done.errors.setdefault(request_id, frames)
+    try:
+        if isinstance(frames, Exception):
+            raise frames
+        _collect_frames(work, frames.result(), done)
+    except Exception as error:  # a failed batch fails its requests, not the engine
+        logger.exception("frame step failed for %d requests", len(work.prefill_ids) + len(work.decode_ids))
+        for request_id in (*work.prefill_ids, *work.decode_ids):
+            done.errors.setdefault(request_id, f"frame step failed: {error}")
 
 
 def _collect_frames(work: StepWork, output: StepOutput, done: StepDone) -> None:

@@ -68,15 +68,23 @@ class StepOutput:
     failed_prefills: dict[int, str] = field(default_factory=dict)
 
 
-class PendingAudio:
-    """A codec call's samples on their way to the host: `result()` waits for them alone, so the host can queue
-    the step's frames behind the codec first and hand the audio out while those run."""
+class HostCopy:
+    """A device tensor's copy on its way to the host; `result()` waits for it alone. On CUDA the copy goes to
+    pinned memory behind an event, so it is queued after the work that makes the tensor instead of waiting for
+    it (a graph's output buffer is reused by its next replay, which the stream orders after this copy): the host
+    can queue a step's frames behind its codec call and hand the audio out while those run."""
 
-    def __init__(self, samples: torch.Tensor) -> None:
-        self._host, self._ready = _copy_to_host(samples)
+    def __init__(self, values: torch.Tensor) -> None:
+        self._ready: torch.cuda.Event | None = None
+        if values.device.type != "cuda":
+            self._host = values.to("cpu", copy=True)
+            return
+        self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        self._host.copy_(values, non_blocking=True)
+        self._ready = torch.cuda.Event()
+        self._ready.record()
 
     def result(self) -> np.ndarray:
-        """float32 samples [n, T * samples_per_frame]."""
         if self._ready is not None:
             self._ready.synchronize()
         # Copied out of the pinned buffer, which streams' unread chunks would otherwise keep pinned.
@@ -88,7 +96,7 @@ class PendingStep:
 
     def __init__(self, frames: torch.Tensor | None, num_decodes: int, failed: dict[int, str],
                  num_groups: int) -> None:
-        self._frames = None if frames is None else _copy_to_host(frames)
+        self._frames = None if frames is None else HostCopy(frames)
         self._num_decodes = num_decodes
         self._failed = failed
         self._num_groups = num_groups
@@ -97,24 +105,8 @@ class PendingStep:
         if self._frames is None:
             empty = np.zeros((0, self._num_groups), dtype=np.int64)
             return StepOutput(empty, empty, self._failed)
-        host, ready = self._frames
-        if ready is not None:
-            ready.synchronize()
-        frames = host.numpy().copy()
+        frames = self._frames.result()
         return StepOutput(frames[self._num_decodes:], frames[:self._num_decodes], self._failed)
-
-
-def _copy_to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """A copy of `values` on the host and, on CUDA, the event after which it is there. The copy goes to pinned
-    memory, so it is queued behind the work that makes `values` instead of waiting for it; the graphs' output
-    buffers are reused by the next replay, which the stream orders after this copy."""
-    if values.device.type != "cuda":
-        return values.to("cpu", copy=True), None
-    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-    host.copy_(values, non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record()
-    return host, ready
 
 
 @dataclass
@@ -401,10 +393,10 @@ class ModelRunner:
             last = self._prefill_hidden_eager(embeds, lengths, block_tables)
         else:
             last = self._prefill_hidden_graph(bucket, embeds, lengths, block_tables)
-        for item, ids in zip(prefills, resumed_code0, strict=True):
+        for item, code0 in zip(prefills, resumed_code0, strict=True):
             self.state.assign(item.slot, item.params)
-            if ids is not None:
-                self.state.seen[item.slot, ids] = True
+            if code0 is not None:
+                self.state.seen[item.slot, code0] = True
         return last
 
     # -- step ---------------------------------------------------------------------------------
@@ -485,12 +477,13 @@ class ModelRunner:
         return self.start_audio(slots, codes).result()
 
     @torch.inference_mode()
-    def start_audio(self, slots: list[int], codes: np.ndarray) -> PendingAudio:
-        """Queue the decoding of `codes` as `decode_audio` does, without waiting for it. Bad codes raise here."""
+    def start_audio(self, slots: list[int], codes: np.ndarray) -> HostCopy:
+        """Queue the decoding of `codes` as `decode_audio` does, without waiting for it: its result() is the
+        float32 samples [n, T * samples_per_frame]. Bad codes raise here."""
         if self.timer is None:
-            return PendingAudio(self._decode_audio(slots, codes))
+            return HostCopy(self._decode_audio(slots, codes))
         self.timer.start()
-        pending = PendingAudio(self._decode_audio(slots, codes))
+        pending = HostCopy(self._decode_audio(slots, codes))
         self.timer.mark("codec")
         return pending
 
