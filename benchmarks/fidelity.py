@@ -108,11 +108,13 @@ def predictor_logits(talker: Talker, talker_hidden: torch.Tensor, codes: torch.T
     memory = PredictorCache(talker, batch, talker_hidden.dtype, talker_hidden.device)
     inputs = torch.stack([talker_hidden, talker.embed_codec(codes[:, 0])], dim=1)
     logits = []
+    cos_table, sin_table = predictor.rope_table(talker.config.num_code_groups, inputs.dtype)
     for codebook in range(1, talker.config.num_code_groups):
         start = 0 if codebook == 1 else codebook
-        positions = torch.arange(start, start + inputs.shape[1], device=codes.device).expand(batch, -1)
+        end = start + inputs.shape[1]
         memory.prepare(start, inputs.shape[1])
-        logits.append(predictor.logits(codebook, predictor.hidden(inputs, positions, memory)[:, -1]).float())
+        cos, sin = (table[:, start:end].expand(batch, -1, -1) for table in (cos_table, sin_table))
+        logits.append(predictor.logits(codebook, predictor.hidden(inputs, cos, sin, memory)[:, -1]).float())
         inputs = predictor.embed(codebook, codes[:, codebook])[:, None]
     return torch.stack(logits, dim=1)
 

@@ -90,3 +90,20 @@ def test_snake_beta_kernel_equals_eager_chain(dtype: torch.dtype, length: int) -
     eager = fused_ops.snake_beta_eager(x, log_alpha, log_beta)
     fused = fused_ops.snake_beta(x, log_alpha, log_beta)
     assert torch.equal(fused, eager), f"max difference {(fused.float() - eager.float()).abs().max().item()}"
+
+
+@pytest.mark.parametrize(("start", "length"), [(0, 2), (7, 1)])
+def test_qk_norm_rope_reads_one_table_row_for_every_batch_row(start: int, length: int) -> None:
+    """The code predictor hands the kernel a slice of one [1, G, D] table expanded over the batch (batch stride
+    0); the kernel must read what it would from that slice copied out per row."""
+    batch, heads, kv_heads, head_dim = 5, 16, 8, 128
+    q, k = activations(batch, length, heads, head_dim), activations(batch, length, kv_heads, head_dim, seed=4)
+    q_weight, k_weight = activations(head_dim, seed=5), activations(head_dim, seed=6)
+    table = rope_cos_sin(rope_inverse_frequencies(head_dim, 1e6), torch.arange(16, device=DEVICE)[None],
+                         torch.bfloat16)
+    shared = [t[:, start:start + length].expand(batch, -1, -1) for t in table]
+    assert shared[0].stride(0) == 0
+    copied = [t.contiguous() for t in shared]
+    for got, want in zip(fused_ops.qk_norm_rope(q, k, q_weight, k_weight, 1e-6, *shared),
+                         fused_ops.qk_norm_rope(q, k, q_weight, k_weight, 1e-6, *copied), strict=True):
+        assert torch.equal(got, want)

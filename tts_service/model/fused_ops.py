@@ -107,16 +107,24 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
             and q.stride(2) == head_dim and k.stride(2) == head_dim and q.stride(0) == q.shape[1] * q.stride(1)
             and k.stride(0) == k.shape[1] * k.stride(1)):
         return norm_rope_eager(q, q_weight, eps, cos, sin), norm_rope_eager(k, k_weight, eps, cos, sin)
-    cos, sin = cos.contiguous(), sin.contiguous()
+    cos, sin = _rope_table_layout(cos), _rope_table_layout(sin)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     num_q_rows = q.shape[0] * q.shape[1] * q.shape[2]
     num_k_rows = k.shape[0] * k.shape[1] * k.shape[2]
     _qk_norm_rope_kernel[(num_q_rows + num_k_rows,)](
         q, k, q_weight, k_weight, cos, sin, q_out, k_out, q.stride(1), k.stride(1), q.shape[2], k.shape[2],
-        num_q_rows, eps, HEAD_DIM=head_dim, num_warps=1)
+        num_q_rows, q.shape[1], cos.stride(0), sin.stride(0), eps, HEAD_DIM=head_dim, num_warps=1)
     # Same memory layout as the eager chain's result: [B, T, H, D] storage seen as [B, H, T, D].
     return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+
+def _rope_table_layout(table: torch.Tensor) -> torch.Tensor:
+    """cos or sin [B, T, D] as the kernel reads it: tokens packed in a row, any batch stride (0 for a table
+    shared by every row, as the code predictor's is)."""
+    if table.stride(-1) == 1 and table.stride(1) == table.shape[-1]:
+        return table
+    return table.contiguous()
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -178,10 +186,12 @@ if HAS_TRITON:
         tl.store(out_ptr + row * width + cols, (normalised * weight).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _norm_rope_row(x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr, row, token_stride, num_heads, eps,
-                       HEAD_DIM: tl.constexpr):
+    def _norm_rope_row(x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr, row, token_stride, num_heads, num_tokens,
+                       cos_batch_stride, sin_batch_stride, eps, HEAD_DIM: tl.constexpr):
         dtype = out_ptr.dtype.element_ty
         token = row // num_heads
+        batch_row = token // num_tokens
+        row_token = token % num_tokens
         head = row % num_heads
         cols = tl.arange(0, HEAD_DIM)
         partner = (cols + HEAD_DIM // 2) % HEAD_DIM
@@ -195,24 +205,24 @@ if HAS_TRITON:
         normed_partner = ((x_partner * inverse_rms).to(dtype).to(tl.float32)
                           * tl.load(weight_ptr + partner).to(tl.float32)).to(dtype).to(tl.float32)
         rotated = tl.where(cols < HEAD_DIM // 2, -normed_partner, normed_partner)
-        cos = tl.load(cos_ptr + token * HEAD_DIM + cols).to(tl.float32)
-        sin = tl.load(sin_ptr + token * HEAD_DIM + cols).to(tl.float32)
+        cos = tl.load(cos_ptr + batch_row * cos_batch_stride + row_token * HEAD_DIM + cols).to(tl.float32)
+        sin = tl.load(sin_ptr + batch_row * sin_batch_stride + row_token * HEAD_DIM + cols).to(tl.float32)
         with_cos = (normed * cos).to(dtype).to(tl.float32)
         with_sin = (rotated * sin).to(dtype).to(tl.float32)
         tl.store(out_ptr + row * HEAD_DIM + cols, (with_cos + with_sin).to(dtype))
 
     @triton.jit
     def _qk_norm_rope_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
-                             q_token_stride, k_token_stride, num_q_heads, num_k_heads, num_q_rows, eps,
-                             HEAD_DIM: tl.constexpr):
+                             q_token_stride, k_token_stride, num_q_heads, num_k_heads, num_q_rows, num_tokens,
+                             cos_batch_stride, sin_batch_stride, eps, HEAD_DIM: tl.constexpr):
         # One launch for both: queries take the first rows of the grid, keys the rest.
         row = tl.program_id(0).to(tl.int64)
         if row < num_q_rows:
             _norm_rope_row(q_ptr, q_weight_ptr, cos_ptr, sin_ptr, q_out_ptr, row, q_token_stride, num_q_heads,
-                           eps, HEAD_DIM)
+                           num_tokens, cos_batch_stride, sin_batch_stride, eps, HEAD_DIM)
         else:
             _norm_rope_row(k_ptr, k_weight_ptr, cos_ptr, sin_ptr, k_out_ptr, row - num_q_rows, k_token_stride,
-                           num_k_heads, eps, HEAD_DIM)
+                           num_k_heads, num_tokens, cos_batch_stride, sin_batch_stride, eps, HEAD_DIM)
 
     @triton.jit
     def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, gate_row_stride, up_row_stride, width, BLOCK: tl.constexpr):

@@ -73,10 +73,17 @@ class CodePredictor(nn.Module):
         """Embedding (in talker width) of codes of codebook 1..G-1."""
         return self.model.codec_embedding[codebook - 1](codes)
 
-    def hidden(self, inputs_embeds: torch.Tensor, positions: torch.Tensor,
+    def rope_table(self, num_positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [1, num_positions, head_dim] of positions 0, 1, ...: every frame's sequence starts at 0, so
+        one table serves all its calls."""
+        positions = torch.arange(num_positions, device=self.inv_freq.device)[None]
+        return rope_cos_sin(self.inv_freq, positions, dtype)
+
+    def hidden(self, inputs_embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                backend: AttentionBackend) -> torch.Tensor:
+        """inputs [B, T, talker width] at positions whose cos and sin ([B, T, head_dim], from `rope_table`) are
+        given -> hidden states [B, T, H]."""
         x = self.small_to_mtp_projection(inputs_embeds)
-        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
         return self.model.run_layers(x, cos, sin, backend)
 
     def logits(self, codebook: int, hidden: torch.Tensor) -> torch.Tensor:

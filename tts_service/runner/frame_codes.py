@@ -55,11 +55,13 @@ def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, cod
     draws = first_draw[:, None] + torch.arange(1, num_groups, device=code0.device)
     gumbel: torch.Tensor | None = None
     codes: list[torch.Tensor] = []
+    cos_table, sin_table = predictor.rope_table(num_groups, inputs.dtype)
     for codebook in range(1, num_groups):
         start = 0 if codebook == 1 else codebook
-        positions = torch.arange(start, start + inputs.shape[1], device=code0.device).expand(batch, -1)
+        end = start + inputs.shape[1]
         memory.prepare(start, inputs.shape[1])
-        hidden = predictor.hidden(inputs, positions, memory)[:, -1]
+        cos, sin = (table[:, start:end].expand(batch, -1, -1) for table in (cos_table, sin_table))
+        hidden = predictor.hidden(inputs, cos, sin, memory)[:, -1]
         scores = predictor.logits(codebook, hidden).float()
         if gumbel is None:
             gumbel = gumbel_noise(seeds, draws, scores.shape[-1])

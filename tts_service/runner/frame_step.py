@@ -14,7 +14,13 @@ import torch.nn.functional as F
 
 from tts_service.model.layers import repeat_kv
 from tts_service.model.talker import Talker
-from tts_service.runner.frame_codes import predict_remaining_codebooks, process_codebook0_logits, suppressed_ids_mask
+from tts_service.runner.frame_codes import (
+    PredictorMemory,
+    predict_remaining_codebooks,
+    process_codebook0_logits,
+    suppressed_ids_mask,
+)
+from tts_service.runner.kv_cache import PagedKVCache, decode_attention_triton, store_kv_triton, triton_supported
 from tts_service.runner.params import GenerationParams
 from tts_service.runner.sampling import RowSampling, sample
 
@@ -46,6 +52,52 @@ class PredictorCache:
         return F.scaled_dot_product_attention(
             query, repeat_kv(keys[:, :, :end], num_heads), repeat_kv(values[:, :, :end], num_heads),
             is_causal=num_tokens > 1)
+
+
+class PagedPredictorCache:
+    """The code predictor's keys/values in the paged layout that the talker's Triton kernels read: one block of
+    G positions per row (block b holds row b). A codebook's attention is then a store and one attention kernel
+    per layer, where `PredictorCache` runs two cache copies, two GQA expansions and SDPA."""
+
+    def __init__(self, talker: Talker, max_batch_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = talker.config.code_predictor
+        num_positions = talker.config.num_code_groups
+        self.cache = PagedKVCache(shape.num_hidden_layers, max_batch_size, num_positions,
+                                  shape.num_key_value_heads, shape.head_dim, dtype, device)
+        self.block_tables = torch.arange(max_batch_size, dtype=torch.int32, device=device)[:, None]
+        # Row p holds position p for every row: a static tensor per position, so nothing is written per call.
+        self.positions = torch.arange(num_positions, device=device)[:, None].repeat(1, max_batch_size)
+        self.start = 0
+        self.num_tokens = 0
+
+    def prepare(self, start: int, num_tokens: int) -> None:
+        self.start, self.num_tokens = start, num_tokens
+
+    def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor) -> torch.Tensor:
+        batch, num_heads = query.shape[:2]
+        layer = self.cache.layer(layer_index)
+        tables = self.block_tables[:batch]
+        scratch = self.cache.scratch_block
+        for token in range(self.num_tokens):
+            store_kv_triton(layer, key[:, :, token], value[:, :, token], tables,
+                            self.positions[self.start + token, :batch], scratch)
+        if self.num_tokens == 1:
+            positions = self.positions[self.start, :batch]
+            return decode_attention_triton(layer, query[:, :, 0], tables, positions, num_splits=1)[:, :, None]
+        # Only the frame's first call holds several tokens, and they are the whole sequence: a square causal mask.
+        return F.scaled_dot_product_attention(query, repeat_kv(key, num_heads), repeat_kv(value, num_heads),
+                                              is_causal=True)
+
+
+def predictor_memory(talker: Talker, max_batch_size: int, dtype: torch.dtype, device: torch.device,
+                     use_kernels: bool) -> PredictorMemory:
+    """The paged memory where the Triton kernels serve its shapes, else the copying one (the CPU path)."""
+    if use_kernels:
+        paged = PagedPredictorCache(talker, max_batch_size, dtype, device)
+        if triton_supported(paged.cache):
+            return paged
+    return PredictorCache(talker, max_batch_size, dtype, device)
 
 
 @dataclass
@@ -108,7 +160,7 @@ class SlotState:
 class FrameSampler:
     """Talker hidden state -> a whole frame: codebook 0 from the talker head, the rest from the predictor."""
 
-    def __init__(self, talker: Talker, state: SlotState, predictor_cache: PredictorCache) -> None:
+    def __init__(self, talker: Talker, state: SlotState, predictor_cache: PredictorMemory) -> None:
         self.talker = talker
         self.state = state
         self.predictor_cache = predictor_cache
