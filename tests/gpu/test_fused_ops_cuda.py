@@ -68,10 +68,8 @@ def test_qk_norm_rope_kernel_equals_eager_chain(length: int) -> None:
         normed = fused_ops.rms_norm_eager(x, weight, 1e-6).transpose(1, 2)
         # Each output sums two products of normalised elements with cos and sin, each within 1.
         terms = normed.float().abs() + normed.float().abs().roll(head_dim // 2, dims=-1)
-        # Measured on an H100: about 11% of the outputs differ from the eager chain, all within
-        # this bound; the cause is not found yet (BENCHMARKS.md), so only the bound is asserted.
-        assert_matches_eager(fused, fused_ops.norm_rope_eager(x, weight, 1e-6, cos, sin), 4, terms,
-                             is_mostly_bit_equal=False)
+        # With fused multiply-adds allowed, about 11% of the outputs differed from the eager chain by an ulp.
+        assert_matches_eager(fused, fused_ops.norm_rope_eager(x, weight, 1e-6, cos, sin), 4, terms)
 
 
 def test_silu_mul_kernel_equals_eager_chain() -> None:
@@ -106,4 +104,23 @@ def test_qk_norm_rope_reads_one_table_row_for_every_batch_row(start: int, length
     copied = [t.contiguous() for t in shared]
     for got, want in zip(fused_ops.qk_norm_rope(q, k, q_weight, k_weight, 1e-6, *shared),
                          fused_ops.qk_norm_rope(q, k, q_weight, k_weight, 1e-6, *copied), strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("length", [1, 3])
+def test_qk_kernel_serves_slices_of_a_packed_projection(length: int) -> None:
+    """q and k cut from one q/k/v GEMM's output are strided views; a single-token row's view may carry any stride
+    in its size-1 dimension, which once sent every decode step back to the eager chain."""
+    batch, heads, kv_heads, head_dim = 4, 16, 8, 128
+    packed = activations(batch, length, (heads + 2 * kv_heads) * head_dim)
+    q, k, _ = packed.split((heads * head_dim, kv_heads * head_dim, kv_heads * head_dim), dim=-1)
+    q = q.view(batch, length, heads, head_dim)
+    k = k.view(batch, length, kv_heads, head_dim)
+    weight = activations(head_dim, seed=5)
+    cos, sin = rope_cos_sin(rope_inverse_frequencies(head_dim, 1e6),
+                            torch.arange(length, device=DEVICE).expand(batch, -1), torch.bfloat16)
+    assert fused_ops.qk_kernel_applies(q, k, weight, weight, cos, sin)
+    for got, want in zip(fused_ops.qk_norm_rope(q, k, weight, weight, 1e-6, cos, sin),
+                         fused_ops.qk_norm_rope(q.contiguous(), k.contiguous(), weight, weight, 1e-6, cos, sin),
+                         strict=True):
         assert torch.equal(got, want)

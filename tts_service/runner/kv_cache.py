@@ -306,6 +306,12 @@ def _tile_for(dtype: torch.dtype) -> int:
     return _TILE_32BIT if dtype == torch.float32 else _TILE_16BIT
 
 
+def _decode_tile(dtype: torch.dtype, span: int) -> int:
+    # A row's span can be shorter than a tile (the code predictor holds 16 positions): a smaller tile skips
+    # masked work. tl.dot needs at least 16.
+    return min(_tile_for(dtype), max(16, triton.next_power_of_2(span)))
+
+
 def store_kv_triton(layer_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     block_tables: torch.Tensor, positions: torch.Tensor, scratch_block: int) -> None:
     """key/value [B, KV, D] written at each row's position through its block table."""
@@ -345,7 +351,8 @@ def decode_attention_triton(layer_cache: torch.Tensor, query: torch.Tensor, bloc
         block_tables.stride(0), *target_strides, *lse_strides,
         _LOG2_E / math.sqrt(head_dim), block_tables.shape[1],
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=key_cache.shape[1], TILE=_tile_for(query.dtype), NUM_SPLITS=num_splits,
+        BLOCK_SIZE=key_cache.shape[1], TILE=_decode_tile(query.dtype, block_tables.shape[1] * key_cache.shape[1]),
+        NUM_SPLITS=num_splits,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", num_warps=4)
     if num_splits > 1:
         _combine_splits_kernel[(batch, num_heads)](
