@@ -156,11 +156,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                backend: AttentionBackend) -> torch.Tensor:
-        x, normed = self.post_attention_layernorm.add_and_norm(
-            x, self.self_attn(self.input_layernorm(x), cos, sin, backend))
-        return x + self.mlp(normed)
+    def forward(self, x: torch.Tensor, mlp_out: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream, the previous layer's MLP output not yet added to it) -> the same for this layer.
+        The add is left to the next norm, which does it in the same kernel, rounding the sum first as a
+        separate add would."""
+        if mlp_out is None:
+            normed = self.input_layernorm(x)
+        else:
+            x, normed = self.input_layernorm.add_and_norm(x, mlp_out)
+        x, normed = self.post_attention_layernorm.add_and_norm(x, self.self_attn(normed, cos, sin, backend))
+        return x, self.mlp(normed)
 
 
 class DecoderStack(nn.Module):
@@ -173,9 +179,12 @@ class DecoderStack(nn.Module):
 
     def run_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    backend: AttentionBackend) -> torch.Tensor:
+        mlp_out = None
         for layer in self.layers:
-            x = layer(x, cos, sin, backend)
-        return self.norm(x)
+            x, mlp_out = layer(x, mlp_out, cos, sin, backend)
+        if mlp_out is None:
+            return self.norm(x)
+        return self.norm.add_and_norm(x, mlp_out)[1]
 
 
 def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:

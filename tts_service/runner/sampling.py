@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tts_service.runner import sampling_kernel
 from tts_service.runner.params import SamplingParams
 
 _MASK32 = 0xFFFFFFFF
@@ -102,10 +103,18 @@ def filter_top_k_top_p(scores: torch.Tensor, rows: RowSampling) -> torch.Tensor:
 def sample(scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
            gumbel: torch.Tensor | None = None) -> torch.Tensor:
     """scores [B, V] fp32 after logit processors -> token ids [B]; greedy rows take the argmax. `gumbel` is this
-    draw's `gumbel_noise` when the caller made it already."""
-    greedy = scores.argmax(dim=-1)
-    filtered = filter_top_k_top_p(scores, rows)
+    draw's `gumbel_noise` when the caller made it already. On CUDA one Triton program per row does it all
+    (`sampling_kernel`: the same draws where top_p = 1; top-p's cut may differ at float rounding)."""
     if gumbel is None:
         gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
+    if sampling_kernel.kernel_applies(scores, gumbel):
+        return sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, gumbel)
+    return sample_eager(scores, rows, gumbel)
+
+
+def sample_eager(scores: torch.Tensor, rows: RowSampling, gumbel: torch.Tensor) -> torch.Tensor:
+    """The torch chain: the CPU path and the reference the kernel is tested against."""
+    greedy = scores.argmax(dim=-1)
+    filtered = filter_top_k_top_p(scores, rows)
     drawn = (filtered + gumbel).argmax(dim=-1)
     return torch.where(rows.temperature > 0, drawn, greedy)
