@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ def test_api_keys_come_from_a_file_and_the_environment_and_are_never_described(t
     (["--log-level", "chatty"], "--log-level"),
     (["--log-format", "xml"], "--log-format"),
     (["--api-keys-file", "/nonexistent/keys"], "--api-keys-file"),
+    (["--gil-switch-interval-ms", "0"], "--gil-switch-interval-ms"),
 ])
 def test_invalid_settings_are_refused_naming_the_flag(argv: list[str], flag: str) -> None:
     with pytest.raises(ConfigError, match=flag):
@@ -93,3 +95,19 @@ def test_a_new_streams_first_frames_are_decoded_in_their_step_only_when_asked() 
     assert load_config([], {"QWEN3_TTS_FIRST_FRAMES_IN_THEIR_STEP": "5"}).first_frames_in_their_step == 5
     with pytest.raises(ConfigError, match="--first-frames-in-their-step: must be >= 0"):
         load_config(["--first-frames-in-their-step", "-1"], {})
+
+
+def test_the_server_command_sets_the_gil_switch_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tts_service.api import main as server_main
+
+    async def serve_nothing(config: ServerConfig) -> int:
+        return 0
+
+    monkeypatch.setattr(server_main, "serve", serve_nothing)
+    monkeypatch.setattr(server_main, "configure_logging", lambda level, log_format: None)
+    before = sys.getswitchinterval()
+    try:
+        assert main(["--gil-switch-interval-ms", "0.5"]) == 0
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)

@@ -86,6 +86,10 @@ class ServerConfig:
     tls_client_ca: Path | None = None  # set: clients must present a certificate it signed (mTLS)
     api_keys: frozenset[str] = field(default=frozenset(), repr=False)
     drain_timeout_seconds: float = 30.0
+    # How long a thread may hold the GIL while another waits for it (Python's default is 5 ms). The engine's
+    # thread gives the GIL up around every graph launch and device wait and must win it back from the event
+    # loop, which is busy with the streams' writes under load.
+    gil_switch_interval_ms: float = 5.0
     log_level: str = "INFO"
     log_format: str = "json"  # json: one object per line, for log collectors; text: for a terminal
     is_tracing_enabled: bool = False  # from the OTEL_* variables: spans exported over OTLP/gRPC
@@ -110,6 +114,8 @@ class ServerConfig:
             _require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
         _require(self.first_frames_in_their_step >= 0, "first_frames_in_their_step",
                  f"must be >= 0, got {self.first_frames_in_their_step}")
+        _require(0 < self.gil_switch_interval_ms <= 1000, "gil_switch_interval_ms",
+                 f"must be in (0, 1000], got {self.gil_switch_interval_ms}")
         _require(self.drain_timeout_seconds >= 0, "drain_timeout_seconds",
                  f"must be >= 0, got {self.drain_timeout_seconds}")
         _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
@@ -227,6 +233,9 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("tls-client-ca", Path, "PEM CA bundle; clients must present a certificate it signed (mTLS)")
     add("api-keys-file", Path, f"file of accepted API keys, one per line, # comments (or env {API_KEYS_ENV})")
     add("drain-timeout-seconds", float, "on SIGTERM/SIGINT, how long running calls may take to finish")
+    add("gil-switch-interval-ms", float, "longest a thread holds the GIL while another waits for it (Python's "
+                                         "sys.setswitchinterval); shorter lets the engine's thread win it back from "
+                                         "the event loop sooner under load")
     add("log-level", str.upper, f"one of {', '.join(LOG_LEVELS)}")
     add("log-format", str.lower, "json (one object per line, with request and trace ids) or text")
     env_name = ENV_PREFIX + "PROFILE_STEPS"

@@ -156,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"qwen3-tts-server: {error}\n")
         return 2
     configure_logging(config.log_level, config.log_format)
+    sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
     logger.info("configuration:\n%s", config.describe())
     return asyncio.run(serve(config))
 
