@@ -209,16 +209,16 @@ def pack_weights(*projections: nn.Linear) -> torch.Tensor:
     return packed
 
 
-def child_device(module: nn.Module) -> torch.device:
+def _device_of(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
 def use_fused_kernels(module: nn.Module, enabled: bool) -> int:
     """Switch every decoder norm, attention and MLP under `module` to the fused kernels (or back).
 
-    Switching on also packs (on CUDA) each layer's q/k/v and gate/up weights, so the fused path runs two GEMMs where the
-    eager chain runs five; the eager chain reads the same memory through views. A packed GEMM may sum in
-    another order than the separate ones (cuBLAS picks kernels by shape), which is within bf16's own rounding
+    Switching on also packs, on CUDA, each layer's q/k/v and gate/up weights, so the fused path runs two GEMMs
+    where the eager chain runs five; the eager chain reads the same memory through views. A packed GEMM may sum
+    in another order than the separate ones (cuBLAS picks kernels by shape), which is within bf16's own rounding
     and is what the fidelity benchmark judges. Returns how many modules were switched. The kernels run only on
     CUDA with Triton; elsewhere the switched modules still take the eager chain, so this is safe on any device.
     """
@@ -227,6 +227,6 @@ def use_fused_kernels(module: nn.Module, enabled: bool) -> int:
         if isinstance(child, RMSNorm | Attention | MLP):
             child.is_fused = enabled
             switched += 1
-        if enabled and isinstance(child, Attention | MLP) and fused_ops.kernels_available(child_device(child)):
+        if enabled and isinstance(child, Attention | MLP) and fused_ops.kernels_available(_device_of(child)):
             child.pack_projections()
     return switched
