@@ -59,6 +59,8 @@ One schedule() does, in order:
      for the frame this step makes (`is_step_frame`): a new stream's first audio leaves in the step
      that made it, and its second chunk comes one step after the first, as every later one does, not
      a step and a half. update() takes such a chunk back when the frame turned out to be EOS or failed.
+     Those small codec calls cost every stream in the step time, so none is planned while a stream's
+     playback is at risk (as in step 4): first audio is bought with spare time only.
 
 update() folds codec-chunk completion in: the chunks of the step it answers count as delivered
 audio at the result's `audio_time` (or `now`), so there is no separate call to forget.
@@ -278,11 +280,14 @@ class Scheduler:
         freed += self._release_finished()
         decodes, preempted = self._schedule_decodes()
         freed += preempted
+        is_at_risk = self._is_playback_at_risk(now)
         prefills: list[PrefillItem] = []
         if not preempted:
-            prefills, preempted = self._admit(now, num_decodes=len(decodes))
+            prefills, preempted = self._admit(now, num_decodes=len(decodes), is_at_risk=is_at_risk)
             freed += preempted
-        codec_chunks = self._plan_codec_chunks() + self._plan_step_frame_chunks((*decodes, *prefills))
+        codec_chunks = self._plan_codec_chunks()
+        if not is_at_risk:
+            codec_chunks += self._plan_step_frame_chunks((*decodes, *prefills))
         output = SchedulerOutput(
             prefills=tuple(prefills),
             decodes=tuple(decodes),
@@ -427,10 +432,10 @@ class Scheduler:
 
     # Steps 3 and 4: admission under the prefill budget and deadline protection.
 
-    def _admit(self, now: float, num_decodes: int) -> tuple[list[PrefillItem], list[FreedItem]]:
+    def _admit(self, now: float, num_decodes: int, is_at_risk: bool) -> tuple[list[PrefillItem], list[FreedItem]]:
         """This step's admissions, and the stalled requests preempted to make room for them."""
         max_positions = self.config.max_prefill_positions_per_step
-        if self._is_playback_at_risk(now):
+        if is_at_risk:
             max_positions = min(max_positions, self.config.max_prefill_positions_at_risk)
         prefills: list[PrefillItem] = []
         preempted: list[FreedItem] = []

@@ -94,3 +94,23 @@ def test_with_none_or_a_longer_first_chunk_every_frame_waits_a_step() -> None:
 def test_a_negative_count_is_refused() -> None:
     with pytest.raises(ValueError, match="num_first_frames_in_their_step"):
         make_config(num_first_frames_in_their_step=-1)
+
+
+def test_no_first_frame_is_decoded_in_its_step_while_a_playing_stream_is_at_risk() -> None:
+    """The extra codec call lengthens everyone's step: it is made only while every playing stream holds at least
+    min_playback_slack_s of audio. A stream gains 80 ms of audio per 10 ms step here, so "a" is at risk for its
+    first steps (0.5 s of slack takes 8 of them) and safe after."""
+    scheduler = Scheduler(make_config(codec_chunk_schedule=(1,), num_first_frames_in_their_step=1,
+                                      min_playback_slack_s=0.5))
+    scheduler.add(make_request("a", max_frames=40))
+    step_frames: dict[str, bool] = {}
+    for step in range(14):
+        if step == 2:
+            scheduler.add(make_request("b", max_frames=40))
+        if step == 12:
+            scheduler.add(make_request("c", max_frames=40))
+        output, _ = run_step(scheduler, now=step * 0.01)
+        for item in output.prefills:
+            step_frames[item.request_id] = any(chunk.request_id == item.request_id and chunk.is_step_frame
+                                               for chunk in output.codec_chunks)
+    assert step_frames == {"a": True, "b": False, "c": True}

@@ -207,8 +207,9 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("max-reference-text-chars", int, "most characters of a voice clone's reference transcript")
     add("max-concurrent", int, "requests generating at once")
     add("first-frames-in-their-step", int, "a new stream's first N frames are each decoded in the step that made "
-                                           "it, in a small codec call of their own: earlier first audio, less "
-                                           "throughput; 0 (the default): in the next step's batched codec call")
+                                           "it, in a small codec call of their own, while no playing stream is "
+                                           "short of audio: earlier first audio, less throughput; 0 (the "
+                                           "default): in the next step's batched codec call")
     add("max-waiting", int, "queued requests beyond which new ones get RESOURCE_EXHAUSTED")
     add("max-message-bytes", int, "largest request message accepted")
     add("max-reference-audio-seconds", float, "longest voice-cloning reference recording")

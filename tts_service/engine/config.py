@@ -53,7 +53,9 @@ class EngineConfig:
     # frames, rather than in the next step's batched call: its first audio waits for a codec call over the new
     # streams alone. That call costs about as much GPU time as a batched one (it is launch-bound), so it buys
     # first audio with throughput: on the H100, N=1 gave a p95 first audio 5 ms lower at 10 and 20 req/s but 162
-    # of 1183 streams underran at 30 req/s against 14 with N=0, and N=2 did worse (BENCHMARKS.md).
+    # of 1183 streams underran at 30 req/s against 14 with N=0, and N=2 did worse (BENCHMARKS.md). Since then
+    # none is decoded so while a playing stream's slack is under min_playback_slack_s, which keeps the cost to
+    # spare time; N=1 under that rule is not measured yet.
     num_first_frames_in_their_step: int = 0
     max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
     # -- graphs and kernels --
