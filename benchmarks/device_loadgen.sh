@@ -17,7 +17,7 @@ source benchmarks/device_server.sh
 start_server "$out" random:1.7b-custom_voice "$port" --metrics-port 9464 --max-calls-per-caller 100000 "${@:4}"
 for rate in ${rates//,/ }; do
   python3 -m clients.loadgen --server "127.0.0.1:$port" --rate "$rate" --duration "$seconds" --rpc mixed \
-    --seed 1 --out "$out/loadgen-${rate}rps.json" | tee -a "$out/loadgen.txt"
+    --seed 1 --out "$out/loadgen-${rate}rps.json.gz" | tee -a "$out/loadgen.txt"
 done
 python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9464/metrics").read().decode())' \
     > "$out/metrics.txt"

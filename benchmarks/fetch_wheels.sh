@@ -7,7 +7,9 @@
 #         aiohttp with its needs (the metrics endpoint)
 #   grpc  grpcio-tools and the health, reflection and status services, with the protobuf they were built against
 #   otel  the OpenTelemetry SDK and its OTLP/gRPC exporter
-#   ref   qwen-tts 0.1.1 with the transformers it pins and librosa's stack (reference and fidelity benchmarks)
+#   ref   qwen-tts 0.1.1 with the transformers it pins and librosa's stack (reference and fidelity benchmarks),
+#         less numba, llvmlite and scikit-learn: the GPU machine has them, and with them the group is over the
+#         64 MiB a device call may carry
 # The GPU machine runs CPython 3.12 on x86-64 Linux.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,7 @@ declare -A WHEELS=(
     [ref]="qwen-tts==0.1.1 transformers==4.57.3 huggingface_hub==0.36.2 tokenizers==0.22.2 accelerate==1.12.0
            einops==0.8.2 librosa==0.11.0 audioread==3.1.0 decorator==5.3.1 lazy-loader==0.6 pooch==1.9.0
            platformdirs==4.14.7 soxr==1.1.0 soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 msgpack==1.2.4
-           numba==0.68.1 llvmlite==0.50.0 scikit-learn==1.9.1 joblib==1.6.0 threadpoolctl==3.8.0"
+           joblib==1.6.0 threadpoolctl==3.8.0"
 )
 platforms=()
 for n in 17 24 27 28 31 34; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import sys
 import time
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--api-key", default="")
     parser.add_argument("--ca", help="PEM CA bundle: connect with TLS")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="report file; gzip-compressed if it ends in .gz")
     return parser
 
 
@@ -62,11 +63,28 @@ async def _run(args: argparse.Namespace) -> dict:
             "summary": summarize(records, wall_s), "requests": [asdict(record) for record in records]}
 
 
+def write_report(path: Path, report: dict) -> None:
+    """JSON, gzip-compressed when the name ends in .gz: a run's per-request records take megabytes as text."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt", encoding="utf-8") as file:
+            json.dump(report, file)
+    else:
+        path.write_text(json.dumps(report, indent=2))
+
+
+def read_report(path: Path) -> dict:
+    """A report `write_report` wrote, compressed or not."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as file:
+            return json.load(file)
+    return json.loads(path.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     report = asyncio.run(_run(args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_report(args.out, report)
     sys.stdout.write(table(args.rate, report["summary"]) + "\n")
     return 0
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from clients.loadgen.__main__ import main as loadgen_main
+from clients.loadgen.__main__ import read_report, write_report
 from clients.loadgen.report import peak_in_flight, percentile
 from clients.loadgen.run import RequestRecord
 from clients.loadgen.schedule import poisson_schedule, texts
@@ -136,3 +137,12 @@ def test_refused_requests_are_counted_by_status(custom_voice_server: RunningServ
     assert summary["num_completed"] == 0
     assert summary["errors_by_status"] == {"INVALID_ARGUMENT": summary["num_requests"]}
     assert all(record["time_to_first_audio_s"] is None for record in report["requests"])
+
+
+@pytest.mark.parametrize("name", ["report.json", "report.json.gz"])
+def test_a_report_reads_back_as_written_compressed_or_not(tmp_path: Path, name: str) -> None:
+    report = {"summary": {"ttfa_ms": {"p50": 21.5}}, "requests": [{"index": 0, "text": "你好"}]}
+    write_report(tmp_path / "out" / name, report)
+    assert read_report(tmp_path / "out" / name) == report
+    if name.endswith(".gz"):
+        assert (tmp_path / "out" / name).read_bytes()[:2] == b"\x1f\x8b"
