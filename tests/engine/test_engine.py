@@ -367,10 +367,13 @@ def test_the_step_profiler_times_every_phase_only_when_it_is_on(tiny_models) -> 
     phases = asyncio.run(run(profile_steps=True))
     host = {"schedule", "plan", "launch", "codec", "frames", "step_audio", "update"}
     device = {"device_prefill_inputs", "device_prefill", "device_decode", "device_copy", "device_codec"}
-    assert set(phases) == host | device
+    queueing = {"queue_prefill_inputs", "queue_prefill", "queue_decode", "queue_copy", "queue_codec"}
+    assert set(phases) == host | device | queueing
     assert all(seconds > 0 for seconds in phases.values())
     # The device's frame work happens between queueing the step and the end of the wait for its frames.
     assert phases["device_decode"] + phases["device_prefill"] <= phases["launch"] + phases["codec"] + phases["frames"]
+    # Queueing each kind of work is a part of queueing the step.
+    assert sum(phases[name] for name in queueing) <= phases["launch"]
 
 
 @pytest.mark.parametrize("max_new_frames", [1, 5])

@@ -68,7 +68,9 @@ class EngineStats:
     loop_s: float = 0.0  # in the loop between schedule() and the end of fan-out, execute_s included
     last_step_s: float = 0.0
     # With the step profiler on: seconds per phase, host ("schedule", "plan", "launch", "codec", "frames",
-    # "step_audio", "update") and device ("device_prefill", "device_decode", "device_codec", ...), summed over steps.
+    # "step_audio", "update"), device ("device_prefill", "device_decode", "device_codec", ...) and the host's
+    # share of "launch" by the work it queued ("queue_prefill", "queue_decode", "queue_codec", ...), summed
+    # over steps.
     phase_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -447,7 +449,9 @@ class Engine:
                     phases = {"schedule": scheduled - started, "plan": planned - scheduled, "launch": done.launch_s,
                               "codec": done.codec_s, "frames": done.frames_s, "step_audio": done.step_audio_s,
                               "update": applied - computed}
-                    phases |= {f"device_{name}": seconds for name, seconds in self.runner.timer.take().items()}
+                    times = self.runner.timer.take()
+                    phases |= {f"device_{name}": seconds for name, seconds in times.device.items()}
+                    phases |= {f"queue_{name}": seconds for name, seconds in times.host.items()}
                 self._count(output, computed - planned, applied - started, phases)
         except Exception:
             logger.exception("the engine loop failed; every live request ends with an error")

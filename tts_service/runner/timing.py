@@ -1,49 +1,71 @@
-"""Device time of a step's phases, for the step profiler (off unless `EngineConfig.profile_steps`).
+"""Time of a step's phases, for the step profiler (off unless `EngineConfig.profile_steps`).
 
 On CUDA each mark records an event on the current stream, and the time between two marks is what the
 device spent on the work queued between them. Events are read only after the step's own device-to-host
 copy has waited for the stream, so profiling adds no synchronisation. Off CUDA the work runs as it is
-queued, so wall-clock marks measure it.
+queued, so wall-clock marks measure it. Each mark also takes the host's clock: how long the host took to
+queue a phase's work (Python, the CUDA API, and any wait for the GIL) is a separate figure from how long
+the device took to run it.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    device: dict[str, float]  # seconds the device ran each phase's work
+    host: dict[str, float]  # seconds the host took to queue it
+
+
+@dataclass(frozen=True)
+class _Span:
+    phase: str
+    start: object
+    end: object
+    host_s: float
 
 
 class PhaseTimer:
     def __init__(self, device: torch.device) -> None:
         self._is_cuda = device.type == "cuda"
-        self._spans: list[tuple[str, object, object]] = []
+        self._spans: list[_Span] = []
         self._start: object | None = None
+        self._host_start = 0.0
 
     def start(self) -> None:
         """Begin a span; `mark(phase)` ends it, charging what ran in between to `phase`."""
         self._start = self._now()
+        self._host_start = time.perf_counter()
 
     def mark(self, phase: str) -> None:
         assert self._start is not None, "mark() without start()"
         end = self._now()
-        self._spans.append((phase, self._start, end))
-        self._start = end
+        host_end = time.perf_counter()
+        self._spans.append(_Span(phase, self._start, end, host_end - self._host_start))
+        self._start, self._host_start = end, host_end
 
-    def take(self) -> dict[str, float]:
+    def take(self) -> PhaseTimes:
         """Seconds per phase since the last take(); call only once the device has finished that work."""
-        totals: dict[str, float] = defaultdict(float)
+        device: dict[str, float] = defaultdict(float)
+        host: dict[str, float] = defaultdict(float)
         if self._is_cuda and self._spans:
             # Done already after a step's copy to the host; after a step that failed before it, wait here.
-            self._spans[-1][2].synchronize()  # type: ignore[attr-defined]
-        for phase, start, end in self._spans:
+            self._spans[-1].end.synchronize()  # type: ignore[attr-defined]
+        for span in self._spans:
             if self._is_cuda:
-                totals[phase] += start.elapsed_time(end) / 1e3  # type: ignore[attr-defined]
+                device[span.phase] += span.start.elapsed_time(span.end) / 1e3  # type: ignore[attr-defined]
             else:
-                totals[phase] += end - start  # type: ignore[operator]
+                device[span.phase] += span.end - span.start  # type: ignore[operator]
+            host[span.phase] += span.host_s
         self._spans.clear()
         self._start = None
-        return dict(totals)
+        return PhaseTimes(dict(device), dict(host))
 
     def _now(self) -> object:
         if not self._is_cuda:
