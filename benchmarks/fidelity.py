@@ -28,6 +28,7 @@ from benchmarks.reference_oracle import import_qwen_tts
 from tts_service.model.checkpoint import LoadOptions, load_model
 from tts_service.model.layers import use_fused_kernels
 from tts_service.model.talker import Talker
+from tts_service.runner.frame_codes import predictor_hidden
 from tts_service.runner.frame_step import PredictorCache
 from tts_service.runner.kv_cache import PagedDecodeBackend, PagedKVCache
 
@@ -104,17 +105,13 @@ def engine_path_logits(talker: Talker, embeds: torch.Tensor, codes: torch.Tensor
 def predictor_logits(talker: Talker, talker_hidden: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     """Every frame as one batch row, one codebook per call, as the engine's frame step runs it."""
     predictor = talker.code_predictor
-    batch = codes.shape[0]
-    memory = PredictorCache(talker, batch, talker_hidden.dtype, talker_hidden.device)
+    memory = PredictorCache(talker, codes.shape[0], talker_hidden.dtype, talker_hidden.device)
     inputs = torch.stack([talker_hidden, talker.embed_codec(codes[:, 0])], dim=1)
     logits = []
-    cos_table, sin_table = predictor.rope_table(talker.config.num_code_groups, inputs.dtype)
+    rope = predictor.rope_table(talker.config.num_code_groups, inputs.dtype)
     for codebook in range(1, talker.config.num_code_groups):
-        start = 0 if codebook == 1 else codebook
-        end = start + inputs.shape[1]
-        memory.prepare(start, inputs.shape[1])
-        cos, sin = (table[:, start:end].expand(batch, -1, -1) for table in (cos_table, sin_table))
-        logits.append(predictor.logits(codebook, predictor.hidden(inputs, cos, sin, memory)[:, -1]).float())
+        hidden = predictor_hidden(talker, codebook, inputs, rope, memory)
+        logits.append(predictor.logits(codebook, hidden).float())
         inputs = predictor.embed(codebook, codes[:, codebook])[:, None]
     return torch.stack(logits, dim=1)
 

@@ -40,6 +40,18 @@ class PredictorMemory(Protocol):
                  value: torch.Tensor) -> torch.Tensor: ...
 
 
+def predictor_hidden(talker: Talker, codebook: int, inputs: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                     memory: PredictorMemory) -> torch.Tensor:
+    """The code predictor's last hidden state [B, H] for the call that predicts `codebook`: its `inputs` are the
+    frame's first two tokens (codebook 1) or the previous codebook's embedding, at the positions that follow,
+    rotated by `rope`, the predictor's `rope_table`."""
+    batch, num_tokens = inputs.shape[:2]
+    start = 0 if codebook == 1 else codebook
+    memory.prepare(start, num_tokens)
+    cos, sin = (table[:, start:start + num_tokens].expand(batch, -1, -1) for table in rope)
+    return talker.code_predictor.hidden(inputs, cos, sin, memory)[:, -1]
+
+
 def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, code0: torch.Tensor,
                                 rows: RowSampling, seeds: torch.Tensor, first_draw: torch.Tensor,
                                 memory: PredictorMemory) -> torch.Tensor:
@@ -48,21 +60,15 @@ def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, cod
     The sequence is [talker hidden, embed(code 0)] at positions 0-1, then one code per step.
     """
     predictor = talker.code_predictor
-    batch = code0.shape[0]
     inputs = torch.stack([talker_hidden, talker.embed_codec(code0)], dim=1)
     num_groups = talker.config.num_code_groups
     # Draw `first_draw + codebook` for codebooks 1..G-1, all made at once: [B, G-1, V].
     draws = first_draw[:, None] + torch.arange(1, num_groups, device=code0.device)
     gumbel: torch.Tensor | None = None
     codes: list[torch.Tensor] = []
-    cos_table, sin_table = predictor.rope_table(num_groups, inputs.dtype)
+    rope = predictor.rope_table(num_groups, inputs.dtype)
     for codebook in range(1, num_groups):
-        start = 0 if codebook == 1 else codebook
-        end = start + inputs.shape[1]
-        memory.prepare(start, inputs.shape[1])
-        cos, sin = (table[:, start:end].expand(batch, -1, -1) for table in (cos_table, sin_table))
-        hidden = predictor.hidden(inputs, cos, sin, memory)[:, -1]
-        scores = predictor.logits(codebook, hidden).float()
+        scores = predictor.logits(codebook, predictor_hidden(talker, codebook, inputs, rope, memory)).float()
         if gumbel is None:
             gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
         code = sample(scores, rows, seeds, first_draw + codebook, gumbel[:, codebook - 1])
