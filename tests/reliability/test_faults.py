@@ -4,6 +4,7 @@ with streams in flight, and a server started on a broken checkpoint."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.qwen3_tts_client import AsyncTtsClient, Connection, Generation, TtsClient
 from tests.service.helpers import RYAN, RunningServer, start_server, wait_until
@@ -173,6 +175,32 @@ def test_sigterm_lets_streams_in_flight_finish_then_exits_cleanly(tmp_path: Path
             thread.join(timeout=60)
         assert server.process.wait(timeout=60) == 0
     assert outcomes == ["completed"] * 3
+
+
+def engine_core_pid(server_pid: int) -> int:
+    """The server's engine core: its child started by multiprocessing's spawn (beside its resource tracker)."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    cores = [int(pid) for pid in children if "resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(cores) == 1, children
+    return cores[0]
+
+
+def test_the_engine_core_dying_mid_stream_ends_calls_with_an_error_says_not_serving_and_exits_1(
+        tmp_path: Path) -> None:
+    with server_process(tmp_path, "--max-audio-seconds", "12.0", "--log-format", "text") as server:
+        with TtsClient(Connection(target=server.target)) as client:
+            watch = health_pb2_grpc.HealthStub(client.channel).Watch(health_pb2.HealthCheckRequest(), timeout=60)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            responses = client.synthesize_online("Talk for a while, please.", RYAN, generation=LONGEST)
+            next(responses)
+            os.kill(engine_core_pid(server.process.pid), signal.SIGKILL)
+            with pytest.raises(grpc.RpcError) as ended:
+                for _ in responses:
+                    pass
+            assert ended.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)
+            assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert server.process.wait(timeout=60) == 1
+    assert "the engine stopped unexpectedly" in server.log_text()
 
 
 def broken_checkpoints(source: Path, root: Path) -> dict[str, tuple[Path, str]]:

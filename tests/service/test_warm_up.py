@@ -46,7 +46,9 @@ def test_every_model_type_but_voice_clone_has_a_warm_up_request(tiny_models: dic
     assert warm_up_input_of("base") is None
 
 
-def test_health_turns_serving_only_after_the_warm_up_synthesis_has_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("engine_process", [True, False], ids=["core-process", "one-process"])
+def test_health_turns_serving_only_after_the_warm_up_synthesis_has_ended(monkeypatch: pytest.MonkeyPatch,
+                                                                        engine_process: bool) -> None:
     """The real start-up path (`qwen3-tts-server`'s serve): health, asked over gRPC, at the moment serving begins."""
     seen: dict[str, Any] = {}
     original_serve = TtsServer.serve
@@ -61,7 +63,8 @@ def test_health_turns_serving_only_after_the_warm_up_synthesis_has_ended(monkeyp
         signal.raise_signal(signal.SIGTERM)  # serve()'s own shutdown path
 
     monkeypatch.setattr(TtsServer, "serve", observed_serve)
-    assert asyncio.run(serve(replace(TEST_CONFIG, model="random:tiny-custom_voice", device="cpu"))) == 0
+    assert asyncio.run(serve(replace(TEST_CONFIG, model="random:tiny-custom_voice", device="cpu",
+                                           engine_process=engine_process))) == 0
     assert seen["before"] == health_pb2.HealthCheckResponse.NOT_SERVING
     assert seen["after"] == health_pb2.HealthCheckResponse.SERVING
     # By then one request had been admitted, its audio decoded, and it had ended.

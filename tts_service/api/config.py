@@ -90,6 +90,9 @@ class ServerConfig:
     # thread gives the GIL up around every graph launch and device wait and must win it back from the event
     # loop, which is busy with the streams' writes under load.
     gil_switch_interval_ms: float = 5.0
+    # The engine core (scheduler, runner, GPU) in a process of its own, as vLLM and SGLang run theirs: the gRPC
+    # front door, protobuf and audio encoding then never hold the GIL while it queues a step. Off: one process.
+    engine_process: bool = True
     log_level: str = "INFO"
     log_format: str = "json"  # json: one object per line, for log collectors; text: for a terminal
     is_tracing_enabled: bool = False  # from the OTEL_* variables: spans exported over OTLP/gRPC
@@ -239,6 +242,12 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                                          "the event loop sooner under load")
     add("log-level", str.upper, f"one of {', '.join(LOG_LEVELS)}")
     add("log-format", str.lower, "json (one object per line, with request and trace ids) or text")
+    env_name = ENV_PREFIX + "ENGINE_PROCESS"
+    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
+                        default=_is_true(environ.get(env_name, str(defaults.engine_process))),
+                        help="run the engine core (scheduler, model runner, GPU) in its own process beside the "
+                             "server's, so that gRPC's work never delays a step; --no-engine-process keeps one "
+                             f"process [env {env_name}]")
     env_name = ENV_PREFIX + "PROFILE_STEPS"
     parser.add_argument("--profile-steps", action=argparse.BooleanOptionalAction,
                         default=_is_true(environ.get(env_name, str(defaults.profile_steps))),

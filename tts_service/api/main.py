@@ -25,7 +25,7 @@ from tts_service.api.config import ConfigError, ServerConfig, load_config
 if TYPE_CHECKING:
     from observability.metrics import ServiceMetrics
     from observability.tracing import CallTracer
-    from tts_service.engine import Engine, ModelInfo
+    from tts_service.engine import Engine, EngineProcess, ModelInfo
 
 T = TypeVar("T")
 
@@ -52,6 +52,20 @@ def load_engine(config: ServerConfig) -> Engine:
     from tts_service.engine import Engine
 
     return Engine.load(config.model, resolve_device(config.device), config.engine_config())
+
+
+async def start_engine(config: ServerConfig) -> Engine | EngineProcess:
+    """The configured model in a running engine: in a process of its own, or (with --no-engine-process) loaded in a
+    daemon thread of this one, so that health checks are answered while it loads either way."""
+    if not config.engine_process:
+        engine = await in_daemon_thread(lambda: load_engine(config))
+        engine.start()
+        return engine
+    from tts_service.engine import CoreSpec, EngineProcess
+
+    spec = CoreSpec(config.model, resolve_device(config.device), config.engine_config(), config.log_level,
+                    config.log_format, config.gil_switch_interval_ms / 1000)
+    return await EngineProcess.start(spec)
 
 
 def in_daemon_thread(function: Callable[[], T]) -> asyncio.Future[T]:
@@ -105,7 +119,7 @@ def start_tracing(config: ServerConfig, model: ModelInfo) -> CallTracer | None:
 
 async def serve(config: ServerConfig) -> int:
     from tts_service.api.server import TtsServer
-    from tts_service.engine import CheckpointError, RequestFailed, VoiceStoreUnusableError
+    from tts_service.engine import CheckpointError, EngineCoreExited, RequestFailed, VoiceStoreUnusableError
 
     try:
         server = TtsServer(config)
@@ -119,24 +133,33 @@ async def serve(config: ServerConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        # In a thread, so that health checks are answered while the model loads.
-        loading = in_daemon_thread(lambda: load_engine(config))
-        await asyncio.wait([loading, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        loading = asyncio.ensure_future(start_engine(config))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([loading, stopping], return_when=asyncio.FIRST_COMPLETED)
         if not loading.done():
             logger.info("stopping before the model finished loading")
+            loading.cancel()
             return 0
         engine = loading.result()
-        engine.start()
         try:
             await engine.warm_up()
         except RequestFailed as error:  # the engine cannot synthesize: serving would fail every call
             logger.error("the warm-up synthesis failed: %s", error)
+            await engine.stop()
             return 1
         tracer = start_tracing(config, engine.model_info)
         await server.serve(engine, create_metrics(config, engine.model_info), tracer)
-        await stop.wait()
+        exited = asyncio.ensure_future(engine.wait_exited())
+        await asyncio.wait([stopping, exited], return_when=asyncio.FIRST_COMPLETED)
+        if not stopping.done():  # the engine ended on its own: a supervisor restarts the server
+            logger.error("the engine stopped unexpectedly: the server stops serving")
+            await server.stop_serving()
+            return 1
         logger.info("shutdown requested")
         return 0
+    except EngineCoreExited as error:
+        logger.error("%s", error)
+        return 1
     except VoiceStoreUnusableError as error:
         logger.error("cannot use the voice store: %s", error)
         return 1

@@ -83,7 +83,7 @@ from tts_service.audio.output import (
 )
 from tts_service.audio.reference import AudioLimits
 from tts_service.engine import (
-    Engine,
+    EngineDoor,
     FinishReason,
     GenerationParams,
     ModelInfo,
@@ -175,7 +175,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     def __init__(self, config: ServerConfig, calls: CallTracker) -> None:
         self.config = config
         self.calls = calls
-        self.engine: Engine | None = None
+        self.engine: EngineDoor | None = None
         self.metrics: ServiceMetrics | None = None
         self.tracer: CallTracer | None = None
         self._reference_limits = AudioLimits(max_seconds=config.max_reference_audio_seconds)
@@ -269,7 +269,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         record.result = CallResult(summary.finish_reason.value, summary.timeline, summary.num_frames,
                                    summary.num_text_tokens, model.audio_seconds(summary.num_frames))
 
-    def engine_or_unavailable(self) -> Engine:
+    def engine_or_unavailable(self) -> EngineDoor:
         if self.engine is None:
             raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading its model; retry")
         return self.engine
@@ -337,7 +337,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             logger.info("deleted voice %s", request.voice_id)
             return pb.DeleteVoiceResponse()
 
-    async def _registered_voice(self, engine: Engine, voice_id: str, owner: str, field: str) -> RegisteredVoice:
+    async def _registered_voice(self, engine: EngineDoor, voice_id: str, owner: str, field: str) -> RegisteredVoice:
         try:
             return await engine.registered_voice(voice_id, owner)
         except VoiceNotFoundError:
@@ -456,7 +456,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                                synthesis_input(text, voice, clone, non_streaming_text(generation, default)),
                                params)
 
-    async def _voice_clone(self, engine: Engine, voice: Any, record: CallRecord, owner: str) -> VoiceClone | None:
+    async def _voice_clone(self, engine: EngineDoor, voice: Any, record: CallRecord, owner: str) -> VoiceClone | None:
         """The request's cloned voice: a registered one, or one cloned from its reference audio; None for none."""
         if voice.voice_id:
             check_voice_selection_by_id(voice, engine.model_info)
@@ -467,7 +467,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         return await self._encode_reference(engine, voice, record, lambda wav: engine.clone_voice(
             wav, voice.reference_text or None, voice.x_vector_only))
 
-    async def _encode_reference(self, engine: Engine, voice: Any, record: CallRecord,
+    async def _encode_reference(self, engine: EngineDoor, voice: Any, record: CallRecord,
                                 encode: Callable[[np.ndarray], Awaitable[T]]) -> T:
         """Decode the reference audio of `voice` (a VoiceSelection, or a CreateVoiceRequest, which has the same
         reference fields) and `encode` it, within the server's limit on clones in progress."""
@@ -534,7 +534,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 # -- the server -----------------------------------------------------------------------------------
 
 
-def watch_engine(metrics: ServiceMetrics, engine: Engine) -> None:
+def watch_engine(metrics: ServiceMetrics, engine: EngineDoor) -> None:
     """Engine steps into the metrics, and gauges that read the engine's load when scraped."""
     engine.add_step_observer(metrics.observe_step)
     metrics.set_cuda_graphs(engine.captured_graph_batch_sizes())
@@ -670,7 +670,7 @@ class TtsServer:
             reason = os.strerror(error.errno) if error.errno else str(error)
             raise OSError(f"{flag} {port}: cannot listen on {self.config.host}:{port}: {reason}") from None
 
-    async def serve(self, engine: Engine, metrics: ServiceMetrics | None = None,
+    async def serve(self, engine: EngineDoor, metrics: ServiceMetrics | None = None,
                     tracer: CallTracer | None = None) -> None:
         """Start answering speech calls with `engine`, which must be running; record into `metrics` and trace
         with `tracer` when given."""
@@ -682,6 +682,12 @@ class TtsServer:
         self.state.is_ready = True
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         logger.info("serving %s", engine.model_info.source)
+
+    async def stop_serving(self) -> None:
+        """The engine has gone: health says NOT_SERVING and new speech calls are refused (UNAVAILABLE)."""
+        self.state.is_ready = False
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        logger.error("not serving: the engine has stopped")
 
     async def drain(self) -> bool:
         """Refuse new calls and let running ones finish within the drain timeout; True when all did."""

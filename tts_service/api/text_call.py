@@ -21,7 +21,7 @@ from observability.calls import CallRecord
 from qwen3_tts.v1.protocol import tts_pb2
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, invalid
-from tts_service.engine import Engine
+from tts_service.engine import EngineDoor
 
 pb: Any = tts_pb2
 # Flush acks a call may hold unsent before the server stops reading its messages.
@@ -55,7 +55,7 @@ def call_too_long_error(config: ServerConfig) -> ApiError:
 class TextCall:
     """One bidirectional call whose request the engine has taken, with its text still open."""
 
-    def __init__(self, config: ServerConfig, engine: Engine, record: CallRecord, started: float) -> None:
+    def __init__(self, config: ServerConfig, engine: EngineDoor, record: CallRecord, started: float) -> None:
         self._config = config
         self._engine = engine
         self._record = record

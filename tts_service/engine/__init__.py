@@ -19,9 +19,13 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "AudioChunk": "tts_service.engine.streams",
     "CheckpointError": "tts_service.model.checkpoint",
+    "CoreSpec": "tts_service.engine.core_process",
     "Engine": "tts_service.engine.engine",
     "EngineConfig": "tts_service.engine.config",
+    "EngineCoreExited": "tts_service.engine.engine_process",
+    "EngineDoor": "tts_service.engine.door",
     "EngineOccupancy": "tts_service.engine.engine",
+    "EngineProcess": "tts_service.engine.engine_process",
     "EngineStats": "tts_service.engine.engine",
     "EngineStoppedError": "tts_service.engine.engine",
     "FinishReason": "scheduler.request",
@@ -48,9 +52,13 @@ _EXPORTS = {
 __all__ = [
     "AudioChunk",
     "CheckpointError",
+    "CoreSpec",
     "Engine",
     "EngineConfig",
+    "EngineCoreExited",
+    "EngineDoor",
     "EngineOccupancy",
+    "EngineProcess",
     "EngineStats",
     "EngineStoppedError",
     "FinishReason",
@@ -78,7 +86,10 @@ if TYPE_CHECKING:
     from scheduler.request import FinishReason
     from scheduler.scheduler import QueueFullError, RequestTooLargeError
     from tts_service.engine.config import EngineConfig
+    from tts_service.engine.core_process import CoreSpec
+    from tts_service.engine.door import EngineDoor
     from tts_service.engine.engine import Engine, EngineOccupancy, EngineStats, EngineStoppedError
+    from tts_service.engine.engine_process import EngineCoreExited, EngineProcess
     from tts_service.engine.model_info import ModelInfo
     from tts_service.engine.streams import (
         AudioChunk,

@@ -73,6 +73,18 @@ class EngineStats:
     # over steps.
     phase_s: dict[str, float] = field(default_factory=dict)
 
+    def record(self, step: StepObservation, execute_s: float = 0.0) -> None:
+        """Add one step (`execute_s`: its time in the runner, where that is known)."""
+        self.num_steps += 1
+        self.num_decoded_frames += step.num_decodes
+        self.num_prefills += step.num_prefills
+        self.num_codec_frames += step.num_codec_frames
+        self.execute_s += execute_s
+        self.loop_s += step.step_s
+        self.last_step_s = step.step_s
+        for phase, seconds in (step.phases or {}).items():
+            self.phase_s[phase] = self.phase_s.get(phase, 0.0) + seconds
+
 
 @dataclass(frozen=True)
 class EngineOccupancy:
@@ -139,7 +151,8 @@ class Engine:
 
     def __init__(self, model: LoadedModel, runner: ModelRunner, scheduler: Scheduler, prompts: PromptBuilder,
                  tokenization: TextTokenization, clock: Clock = time.monotonic,
-                 max_unread_frames: int | None = None, voices: VoiceStore | None = None) -> None:
+                 max_unread_frames: int | None = None, voices: VoiceStore | None = None,
+                 new_stream: Callable[[str], RequestStream] | None = None) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self.prompts = prompts
@@ -147,7 +160,9 @@ class Engine:
         self.clock = clock
         self.model_info = ModelInfo.of(model)
         self._model = model
-        self._max_unread_frames = max_unread_frames  # None: a reader may fall behind without limit
+        self.max_unread_frames = max_unread_frames  # None: a reader may fall behind without limit
+        # How a request's stream is made: by default one that its reader, in this process, iterates.
+        self._new_stream = new_stream or self._local_stream
         config = model.config
         self._eos_code = config.talker.codec_eos_id
         self._tts_pad_id = config.tts_pad_token_id
@@ -171,7 +186,8 @@ class Engine:
         self._step_observers: list[Callable[[StepObservation], None]] = []
 
     @classmethod
-    def create(cls, model: LoadedModel, config: EngineConfig, clock: Clock = time.monotonic) -> Engine:
+    def create(cls, model: LoadedModel, config: EngineConfig, clock: Clock = time.monotonic,
+               new_stream: Callable[[str], RequestStream] | None = None) -> Engine:
         """Load order: runner (KV allocation, graph capture), then a scheduler sized from it."""
         frame_rate_hz = model.speech_config.frame_rate_hz
         runner = ModelRunner(model, config.runner_config(frame_rate_hz))
@@ -184,16 +200,17 @@ class Engine:
             limits = VoiceLimits(config.max_voices, config.max_voice_bytes, config.max_voices_per_owner)
             voices = VoiceStore.open(config.voice_store_dir, limits, voice_shape(model))
         return cls(model, runner, scheduler, prompts, tokenization, clock, config.max_unread_frames(frame_rate_hz),
-                   voices)
+                   voices, new_stream)
 
     @classmethod
-    def load(cls, source: str, device: str, config: EngineConfig) -> Engine:
+    def load(cls, source: str, device: str, config: EngineConfig,
+             new_stream: Callable[[str], RequestStream] | None = None) -> Engine:
         """Load `source` (a directory, a repo id or random:<preset>; offline, the default model falls back to a
         tiny random one) on `device` and create an engine for it. Raises CheckpointError."""
         model = load_with_offline_fallback(source, LoadOptions.default_for(device))
         if model.is_random:
             logger.warning("the model %s has RANDOM weights: its audio is noise, not speech", model.source)
-        return cls.create(model, config)
+        return cls.create(model, config, new_stream=new_stream)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -217,6 +234,16 @@ class Engine:
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
         self._prompt_executor.shutdown(wait=False, cancel_futures=True)
         self._voice_executor.shutdown(wait=True)  # a voice being written is finished, never cut
+
+    async def join(self) -> None:
+        """Wait until the loop has ended: stopped, or failed (then its exception is raised here)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def wait_exited(self) -> None:
+        """Return once the loop has ended, stopped or failed (it has logged why)."""
+        with contextlib.suppress(Exception):
+            await self.join()
 
     @property
     def is_running(self) -> bool:
@@ -286,10 +313,11 @@ class Engine:
             raise ValueError(f"request id {request.request_id!r} is already in use")
 
     def _new_live(self, request: SynthesisRequest, arrival_time: float) -> _Live:
-        request_id = request.request_id
-        stream = RequestStream(request_id, self._max_unread_frames,
-                               lambda is_backlogged: self._pause_output(request_id, is_backlogged))
-        return _Live(request, stream, arrival_time)
+        return _Live(request, self._new_stream(request.request_id), arrival_time)
+
+    def _local_stream(self, request_id: str) -> RequestStream:
+        return RequestStream(request_id, self.max_unread_frames,
+                             lambda is_backlogged: self.set_output_paused(request_id, is_backlogged))
 
     def _build_prompt(self, synthesis: SynthesisInput) -> tuple[Prompt, int]:
         """The prompt and the number of the text's own tokens (off the event loop)."""
@@ -364,7 +392,7 @@ class Engine:
         self.scheduler.abort(request_id)
         self._wake.set()
 
-    def _pause_output(self, request_id: str, is_paused: bool) -> None:
+    def set_output_paused(self, request_id: str, is_paused: bool) -> None:
         """The request's reader fell behind (pause it) or caught up (resume it)."""
         self.scheduler.set_output_paused(request_id, is_paused)
         self._wake.set()
@@ -465,16 +493,7 @@ class Engine:
         step = StepObservation(num_decodes=len(output.decodes), num_prefills=len(output.prefills),
                                num_codec_frames=sum(chunk.num_frames for chunk in output.codec_chunks), step_s=loop_s,
                                phases=phases)
-        stats = self.stats
-        stats.num_steps += 1
-        stats.num_decoded_frames += step.num_decodes
-        stats.num_prefills += step.num_prefills
-        stats.num_codec_frames += step.num_codec_frames
-        stats.execute_s += execute_s
-        stats.loop_s += loop_s
-        stats.last_step_s = loop_s
-        for phase, seconds in (phases or {}).items():
-            stats.phase_s[phase] = stats.phase_s.get(phase, 0.0) + seconds
+        self.stats.record(step, execute_s)
         for observer in self._step_observers:
             observer(step)
 

@@ -52,6 +52,9 @@ class VoiceNotFoundError(LookupError):
         super().__init__(f"no voice {voice_id!r}")
         self.voice_id = voice_id
 
+    def __reduce__(self) -> tuple[type[VoiceNotFoundError], tuple[str]]:
+        return type(self), (self.voice_id,)
+
 
 class VoiceStoreFullError(Exception):
     """A new voice would pass a limit of the store; the message names it."""

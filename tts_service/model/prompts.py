@@ -42,6 +42,10 @@ class PromptError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[PromptError], tuple[str, str]]:
+        return type(self), (self.field, self.message)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,239 @@
+"""The engine core's process: it owns the GPU and loops schedule -> execute -> update, and nothing else.
+
+The gRPC front door, audio encoding and protobuf stay in the server's process, so that they never hold this
+process's GIL while the runner queues a step (under load they did: queueing a prefill took 2.2x its GPU time
+beside the server against 1.4x in a process of its own; BENCHMARKS.md). The server's process starts this one
+with `start_core` (engine_process.py); what crosses between them is in wire.py.
+
+The core ends when the server says Stop, or when its socket closes because the server's process has gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from observability.logs import configure_logging
+from observability.metrics import StepObservation
+from tts_service.engine.config import EngineConfig
+from tts_service.engine.engine import Engine
+from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.engine.voice_files import RegisteredVoice
+from tts_service.engine.wire import (
+    Batch,
+    Call,
+    LoadFailed,
+    Notice,
+    Occupancy,
+    Ready,
+    Reply,
+    Stop,
+    StreamItem,
+    portable,
+    receive,
+    send,
+)
+from tts_service.model.prompts import VoiceClone
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CoreSpec:
+    """What the core's process needs to load and run the engine."""
+
+    model: str
+    device: str
+    engine: EngineConfig
+    log_level: str
+    log_format: str
+    gil_switch_interval_s: float
+
+
+def run_core(spec: CoreSpec, channel: socket.socket) -> None:
+    """The process's entry point (spawned, so that CUDA starts fresh in it)."""
+    configure_logging(spec.log_level, spec.log_format)
+    sys.setswitchinterval(spec.gil_switch_interval_s)
+    # A terminal's Ctrl-C, or a SIGTERM sent to the whole process group, would cut the streams the server is
+    # draining: the server's process alone decides when the core stops (and kills it if it does not).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    asyncio.run(_serve(spec, channel))
+
+
+class ForwardingStream(RequestStream):
+    """A request stream whose items go straight to the server's process; the stream there, which its caller
+    reads, counts the unread audio and asks for the pause."""
+
+    def __init__(self, request_id: str, forward: Callable[[StreamItem], None]) -> None:
+        super().__init__(request_id)
+        self._forward = forward
+
+    def _put(self, item: AudioChunk | SynthesisSummary | Exception) -> None:
+        self._forward(StreamItem(self.request_id, portable(item) if isinstance(item, BaseException) else item))
+
+
+class Outbox:
+    """What the core sends, gathered over one turn of its event loop and written as one Batch."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._batch = Batch()
+        self._is_flush_scheduled = False
+        self.occupancy: Callable[[], Occupancy] | None = None
+
+    def item(self, item: StreamItem) -> None:
+        self._batch.items.append(item)
+        self._schedule_flush()
+
+    def reply(self, reply: Reply) -> None:
+        self._batch.replies.append(reply)
+        self._schedule_flush()
+
+    def step(self, step: StepObservation) -> None:
+        self._batch.steps.append(step)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._is_flush_scheduled:
+            self._is_flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._is_flush_scheduled = False
+        batch = self._batch
+        if not (batch.items or batch.replies or batch.steps):
+            return
+        occupancy = self.occupancy() if self.occupancy is not None else None
+        send(self._writer, replace(self._batch, occupancy=occupancy))
+        self._batch = Batch()
+
+
+def occupancy_of(engine: Engine) -> Occupancy:
+    held = engine.occupancy()
+    return Occupancy(held.num_running, held.num_waiting, held.num_parked, held.num_preemptions_total,
+                     held.num_kv_blocks_used, held.num_kv_blocks_total)
+
+
+# -- voices cross as numpy, so that the server's process never needs torch -------------------------
+
+
+def clone_to_wire(clone: VoiceClone) -> VoiceClone:
+    embedding = clone.speaker_embedding
+    if isinstance(embedding, torch.Tensor):
+        embedding = embedding.detach().float().cpu().numpy()
+    return replace(clone, speaker_embedding=embedding)
+
+
+def clone_from_wire(clone: VoiceClone) -> VoiceClone:
+    embedding = clone.speaker_embedding
+    if isinstance(embedding, np.ndarray):
+        embedding = torch.from_numpy(embedding)
+    return replace(clone, speaker_embedding=embedding)
+
+
+def _to_wire(value: Any) -> Any:
+    if isinstance(value, VoiceClone):
+        return clone_to_wire(value)
+    if isinstance(value, RegisteredVoice):
+        return replace(value, clone=clone_to_wire(value.clone))
+    if isinstance(value, list):
+        return [_to_wire(item) for item in value]
+    return value
+
+
+def _request_from_wire(request: SynthesisRequest) -> SynthesisRequest:
+    clone = request.synthesis.clone
+    if clone is None:
+        return request
+    return replace(request, synthesis=replace(request.synthesis, clone=clone_from_wire(clone)))
+
+
+class CoreBridge:
+    """Server messages -> engine calls; engine results -> the outbox."""
+
+    def __init__(self, engine: Engine, outbox: Outbox) -> None:
+        self.engine = engine
+        self.outbox = outbox
+        self._calls: dict[str, Callable[..., Awaitable[Any]]] = {
+            "submit": self._submit, "warm_up": engine.warm_up, "clone_voice": engine.clone_voice,
+            "create_voice": engine.create_voice, "registered_voice": engine.registered_voice,
+            "registered_voices": engine.registered_voices, "delete_voice": engine.delete_voice}
+        self._notices: dict[str, Callable[..., None]] = {
+            "append_text": engine.append_text, "close_text": engine.close_text, "abort": engine.abort,
+            "set_output_paused": engine.set_output_paused}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def handle(self, message: Call | Notice) -> None:
+        if isinstance(message, Notice):
+            try:
+                self._notices[message.method](*message.args)
+            except Exception:  # a notice has nobody waiting for it: the request's stream carries what follows
+                logger.exception("the engine refused %s for %r", message.method, message.args[:1])
+            return
+        task = asyncio.get_running_loop().create_task(self._answer(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, call: Call) -> None:
+        try:
+            value = await self._calls[call.method](*call.args)
+        except Exception as error:
+            self.outbox.reply(Reply(call.call_id, error=portable(error)))
+            return
+        self.outbox.reply(Reply(call.call_id, value=_to_wire(value)))
+
+    async def _submit(self, request: SynthesisRequest) -> None:
+        await self.engine.submit(_request_from_wire(request))
+
+
+async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
+    reader, writer = await asyncio.open_unix_connection(sock=channel)
+    outbox = Outbox(writer)
+    try:
+        engine = await asyncio.to_thread(
+            Engine.load, spec.model, spec.device, spec.engine,
+            new_stream=lambda request_id: ForwardingStream(request_id, outbox.item))
+    except Exception as error:  # the server's process logs why and exits
+        send(writer, LoadFailed(portable(error)))
+        await writer.drain()
+        writer.close()
+        return
+    outbox.occupancy = lambda: occupancy_of(engine)
+    engine.add_step_observer(outbox.step)
+    engine.start()
+    send(writer, Ready(engine.model_info, engine.captured_graph_batch_sizes(), engine.max_unread_frames,
+                       occupancy_of(engine)))
+    receiving = asyncio.ensure_future(_receive_until_stop(reader, CoreBridge(engine, outbox)))
+    stepping = asyncio.ensure_future(engine.join())
+    try:
+        await asyncio.wait((receiving, stepping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        receiving.cancel()
+        with contextlib.suppress(Exception):  # a loop that failed has logged why; its requests end below all the same
+            await engine.stop()  # what is still live ends with an error, which goes out in the last batch
+        outbox.flush()
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+    if stepping.done() and stepping.exception() is not None:  # the loop failed: the server sees the core exit
+        raise SystemExit(1)
+
+
+async def _receive_until_stop(reader: asyncio.StreamReader, bridge: CoreBridge) -> None:
+    try:
+        while not isinstance(message := await receive(reader), Stop):
+            assert isinstance(message, Call | Notice)
+            bridge.handle(message)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        logger.warning("the server's process has gone: the engine core stops")

@@ -1,0 +1,294 @@
+"""The engine as the server's process sees it when the engine core runs in a process of its own.
+
+`EngineProcess` offers the engine's door (submit, text, abort, voices, model_info, occupancy, step
+observers) and forwards each call to the core (core_process.py) over a socket pair (wire.py). Request
+streams live here: the core sends their audio as it is made, and a stream's reader, here, decides when
+its request must pause. If the core's process exits without being asked to, every live stream fails
+(RequestFailed: the server answers INTERNAL), every waiting call raises EngineStoppedError (UNAVAILABLE),
+and `wait_exited()` returns, so the server can stop serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from observability.calls import RequestTimeline
+from observability.metrics import StepObservation
+from scheduler.request import FinishReason
+from tts_service.engine.core_process import CoreSpec, run_core
+from tts_service.engine.engine import EngineStats, EngineStoppedError
+from tts_service.engine.model_info import ModelInfo
+from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.engine.voice_files import RegisteredVoice
+from tts_service.engine.warm_up import warm_up
+from tts_service.engine.wire import Batch, Call, LoadFailed, Notice, Occupancy, Ready, Reply, Stop, receive, send
+from tts_service.model.prompts import VoiceClone
+
+logger = logging.getLogger(__name__)
+
+# After Stop, how long the core may take to end its requests and exit before it is killed.
+_EXIT_GRACE_S = 30.0
+
+
+# A failed request's summary from here: its codes went down with the core.
+_NO_CODES = np.zeros((0, 0), dtype=np.int64)
+
+
+class EngineCoreExited(RuntimeError):
+    """The engine core's process ended while the server still needed it."""
+
+
+class _Pending:
+    """A stream the core is filling: how many frames have arrived (for the summary if the core dies)."""
+
+    def __init__(self, stream: RequestStream, arrival_time: float) -> None:
+        self.stream = stream
+        self.arrival_time = arrival_time
+        self.num_frames = 0
+
+
+class EngineProcess:
+    """The engine core in its own process, behind the engine's door."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter, ready: Ready, clock: Callable[[], float] = time.monotonic) -> None:
+        self._process = process
+        self._writer = writer
+        self.model_info: ModelInfo = ready.model_info
+        self.max_unread_frames = ready.max_unread_frames
+        self._graph_batch_sizes = ready.captured_graph_batch_sizes
+        self._occupancy = ready.occupancy
+        self.clock = clock
+        self._streams: dict[str, _Pending] = {}
+        self._replies: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count()
+        self._step_observers: list[Callable[[StepObservation], None]] = []
+        self.stats = EngineStats()  # from the core's step observations: its runner's own time is not among them
+        self._is_stopping = False
+        self._exited = asyncio.Event()
+        self._receiving = asyncio.get_running_loop().create_task(self._receive(reader), name="tts-engine-core")
+
+    @classmethod
+    async def start(cls, spec: CoreSpec) -> EngineProcess:
+        """Start the core's process and wait until its engine runs. Raises what loading raised there (a
+        CheckpointError, say), or EngineCoreExited when the process died before it could say."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Spawned, not forked: CUDA cannot start in a child forked from a process that may have touched it.
+        process = multiprocessing.get_context("spawn").Process(
+            target=run_core, args=(spec, theirs), name="tts-engine-core")
+        try:
+            process.start()
+        finally:
+            theirs.close()  # the core holds the only other end, so its exit closes our socket
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        try:
+            first = await receive(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            first = None
+        except asyncio.CancelledError:  # the server stops during the load
+            process.kill()
+            raise
+        if isinstance(first, Ready):
+            logger.info("the engine core runs in process %d", process.pid)
+            return cls(process, reader, writer, first)
+        writer.close()
+        await asyncio.to_thread(process.join, _EXIT_GRACE_S)
+        if isinstance(first, LoadFailed):
+            raise first.error
+        raise EngineCoreExited(f"the engine core's process exited with status {process.exitcode} while loading")
+
+    # -- what the server reads ------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return not (self._is_stopping or self._exited.is_set())
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def is_alive(self) -> bool:
+        """Whether the core's process still runs (it may be ending)."""
+        return self._process.is_alive()
+
+    @property
+    def num_live_requests(self) -> int:
+        return len(self._streams)
+
+    def occupancy(self) -> Occupancy:
+        """The engine's load as of the core's last message (it sends one whenever anything changes)."""
+        return self._occupancy
+
+    def captured_graph_batch_sizes(self) -> dict[str, list[int]]:
+        return self._graph_batch_sizes
+
+    def add_step_observer(self, observer: Callable[[StepObservation], None]) -> None:
+        self._step_observers.append(observer)
+
+    def remove_step_observer(self, observer: Callable[[StepObservation], None]) -> None:
+        self._step_observers.remove(observer)
+
+    def deadline_in(self, seconds: float) -> float:
+        """A request deadline `seconds` from now: CLOCK_MONOTONIC is one clock for every process of the host."""
+        return self.clock() + seconds
+
+    async def wait_exited(self) -> None:
+        """Return once the core's process has gone (asked to or not)."""
+        await self._exited.wait()
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    async def submit(self, request: SynthesisRequest) -> RequestStream:
+        """As Engine.submit: raises what the engine raised there, and EngineStoppedError once the core is gone."""
+        request_id = request.request_id
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stream = RequestStream(request_id, self.max_unread_frames,
+                               lambda is_paused: self._notify("set_output_paused", request_id, is_paused))
+        # Registered before the call: the core may send audio in the same batch as its reply.
+        self._streams[request_id] = _Pending(stream, self.clock())
+        try:
+            await self._call("submit", request)
+        except BaseException:
+            self._streams.pop(request_id, None)
+            raise
+        return stream
+
+    def append_text(self, request_id: str, fragment: str) -> None:
+        if request_id in self._streams and fragment:
+            self._notify("append_text", request_id, fragment)
+
+    def close_text(self, request_id: str) -> None:
+        if request_id in self._streams:
+            self._notify("close_text", request_id)
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._streams:
+            self._notify("abort", request_id)
+
+    async def warm_up(self) -> bool:
+        """The warm-up synthesis, from here: it crosses the socket as every request will."""
+        return await warm_up(self)  # type: ignore[arg-type]
+
+    async def clone_voice(self, wav_24k: np.ndarray, reference_text: str | None, x_vector_only: bool) -> VoiceClone:
+        return await self._call("clone_voice", wav_24k, reference_text, x_vector_only)
+
+    async def create_voice(self, wav_24k: np.ndarray, reference_text: str | None, x_vector_only: bool,
+                           owner: str) -> RegisteredVoice:
+        return await self._call("create_voice", wav_24k, reference_text, x_vector_only, owner)
+
+    async def registered_voice(self, voice_id: str, owner: str) -> RegisteredVoice:
+        return await self._call("registered_voice", voice_id, owner)
+
+    async def registered_voices(self, owner: str) -> list[RegisteredVoice]:
+        return await self._call("registered_voices", owner)
+
+    async def delete_voice(self, voice_id: str, owner: str) -> None:
+        await self._call("delete_voice", voice_id, owner)
+
+    async def stop(self) -> None:
+        """Stop the core (its live requests end with an error: drain first) and wait for its process."""
+        if not self._exited.is_set() and not self._is_stopping:
+            self._is_stopping = True
+            with contextlib.suppress(ConnectionError):
+                send(self._writer, Stop())
+                await self._writer.drain()
+        await asyncio.to_thread(self._process.join, _EXIT_GRACE_S)
+        if self._process.is_alive():
+            logger.error("the engine core did not exit %g s after stop: killing it", _EXIT_GRACE_S)
+            self._process.kill()
+            await asyncio.to_thread(self._process.join)
+        await self._receiving
+
+    def _notify(self, method: str, *args: Any) -> None:
+        if self.is_running:
+            send(self._writer, Notice(method, args))
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        if not self.is_running:
+            raise EngineStoppedError("the engine is not running")
+        call_id = next(self._call_ids)
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._replies[call_id] = reply
+        send(self._writer, Call(call_id, method, args))
+        try:
+            return await reply
+        finally:
+            self._replies.pop(call_id, None)
+
+    # -- what the core sends ------------------------------------------------------------------------
+
+    async def _receive(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                batch = await receive(reader)
+                assert isinstance(batch, Batch)
+                self._apply(batch)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._on_exit()
+
+    def _apply(self, batch: Batch) -> None:
+        if batch.occupancy is not None:
+            self._occupancy = batch.occupancy
+        for reply in batch.replies:
+            self._settle(reply)
+        for entry in batch.items:
+            pending = self._streams.get(entry.request_id)
+            if pending is None:
+                continue
+            item = entry.item
+            if isinstance(item, AudioChunk):
+                pending.num_frames += item.num_frames
+                pending.stream.put_audio(item)
+                continue
+            del self._streams[entry.request_id]
+            if isinstance(item, SynthesisSummary):
+                pending.stream.finish(item)
+            else:
+                pending.stream.fail(item)  # type: ignore[arg-type]
+        for step in batch.steps:
+            self.stats.record(step)
+            for observer in self._step_observers:
+                observer(step)
+
+    def _settle(self, reply: Reply) -> None:
+        future = self._replies.get(reply.call_id)
+        if future is None or future.done():
+            return
+        if reply.error is not None:
+            future.set_exception(reply.error)
+        else:
+            future.set_result(reply.value)
+
+    def _on_exit(self) -> None:
+        """The socket closed: the core has gone. What it still owed fails here."""
+        was_asked = self._is_stopping
+        self._exited.set()
+        self._writer.close()
+        reason = "the engine stopped" if was_asked else "the engine core's process exited"
+        if not was_asked:
+            logger.error("%s: %d live request(s) fail", reason, len(self._streams))
+        for future in self._replies.values():
+            if not future.done():
+                future.set_exception(EngineStoppedError(reason))
+        now = self.clock()
+        for request_id, pending in self._streams.items():
+            timeline = RequestTimeline(arrival=pending.arrival_time, admitted=None, first_frame=None,
+                                       first_audio=None, finished=now)
+            pending.stream.finish(SynthesisSummary(
+                request_id=request_id, finish_reason=FinishReason.ERROR, num_frames=pending.num_frames,
+                num_text_tokens=0, codes=_NO_CODES, timeline=timeline, error=reason))
+        self._streams.clear()

@@ -1,0 +1,127 @@
+"""What crosses between the server's process and the engine core's process, and how.
+
+One Unix socket pair joins them. Each message is a length-prefixed pickle (protocol 5, so audio arrays go
+as raw bytes); both ends are processes this package started, so the pickles are trusted. The messages are
+small frozen dataclasses. The core batches what it sends: one message per turn of its event loop carries
+every stream's new audio and every step's observation since the last one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pickle
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from observability.metrics import StepObservation
+from tts_service.engine.model_info import ModelInfo
+from tts_service.engine.streams import AudioChunk, SynthesisSummary
+
+_LENGTH = struct.Struct("!Q")
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """The engine's load as the scheduler counts it (the fields of EngineOccupancy), sent with every batch."""
+
+    num_running: int
+    num_waiting: int
+    num_parked: int
+    num_preemptions_total: int
+    num_kv_blocks_used: int
+    num_kv_blocks_total: int
+
+
+# -- server -> core ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """An engine method whose result (or exception) the server awaits: the core answers with a Reply."""
+
+    call_id: int
+    method: str
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """An engine method the server does not wait for (text, abort, pausing a request's output)."""
+
+    method: str
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop the engine (live requests end with an error; the server drains first) and exit."""
+
+
+# -- core -> server ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The engine runs: what the server may know about it."""
+
+    model_info: ModelInfo
+    captured_graph_batch_sizes: dict[str, list[int]]
+    max_unread_frames: int | None
+    occupancy: Occupancy
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    """The model could not be loaded or the engine created; `error` is the exception that said why."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Reply:
+    call_id: int
+    value: Any = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class StreamItem:
+    """One request stream's next item: audio, its summary, or the exception it ended with."""
+
+    request_id: str
+    item: AudioChunk | SynthesisSummary | BaseException
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Everything the core produced in one turn of its loop, in order."""
+
+    items: list[StreamItem] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+    steps: list[StepObservation] = field(default_factory=list)
+    occupancy: Occupancy | None = None
+
+
+def portable(error: BaseException) -> BaseException:
+    """`error` if it survives pickling as itself; otherwise a RuntimeError that says what it was."""
+    with contextlib.suppress(Exception):  # any failure to round-trip means the stand-in below
+        if type(pickle.loads(pickle.dumps(error, protocol=5))) is type(error):
+            return error
+    return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def encode(message: object) -> bytes:
+    payload = pickle.dumps(message, protocol=5)
+    return _LENGTH.pack(len(payload)) + payload
+
+
+def send(writer: asyncio.StreamWriter, message: object) -> None:
+    writer.write(encode(message))
+
+
+async def receive(reader: asyncio.StreamReader) -> object:
+    """The next message; raises asyncio.IncompleteReadError when the other process has gone."""
+    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    return pickle.loads(await reader.readexactly(length))
