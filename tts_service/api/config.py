@@ -80,6 +80,11 @@ class ServerConfig:
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
     max_unread_audio_seconds: float = _ENGINE.max_unread_audio_s
+    # Once a listener holds this much audio it has not played yet (playback counted from the first chunk), the
+    # call's audio goes out in messages of at least coalesced_message_seconds: the first audio stays a frame
+    # away, and the front door writes a few messages per second of audio instead of 12.5.
+    coalesce_when_ahead_seconds: float = 1.0
+    coalesced_message_seconds: float = 0.32
     kv_blocks: int | None = _ENGINE.num_kv_blocks  # the KV cache's size in blocks; None: from free GPU memory
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -113,7 +118,8 @@ class ServerConfig:
         if self.kv_blocks is not None:
             _require(self.kv_blocks >= 1, "kv_blocks", f"must be >= 1, got {self.kv_blocks}")
         for name in ("max_reference_audio_seconds", "max_audio_seconds", "max_stream_seconds",
-                     "stream_idle_timeout_seconds", "max_unread_audio_seconds"):
+                     "stream_idle_timeout_seconds", "max_unread_audio_seconds", "coalesce_when_ahead_seconds",
+                     "coalesced_message_seconds"):
             _require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
         _require(self.first_frames_in_their_step >= 0, "first_frames_in_their_step",
                  f"must be >= 0, got {self.first_frames_in_their_step}")
@@ -231,6 +237,10 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("max-voice-bytes", int, "largest registered voice as stored (an in-context voice grows with its reference)")
     add("stream-idle-timeout-seconds", float, "longest wait for the next text of a StreamingSynthesize call")
     add("max-unread-audio-seconds", float, "audio a streaming reader may leave unread before its request pauses")
+    add("coalesce-when-ahead-seconds", float, "once a listener holds this much unplayed audio, send its audio in "
+                                              "messages of at least --coalesced-message-seconds (default 1.0)")
+    add("coalesced-message-seconds", float, "the least audio per message for a listener that is well ahead "
+                                            "(default 0.32: 4 frames)")
     add("kv-blocks", int, "KV cache size in blocks (default: from free GPU memory)")
     add("tls-cert", Path, "PEM certificate chain of the server (enables TLS)")
     add("tls-key", Path, "PEM private key of the server")

@@ -167,6 +167,23 @@ class EncodedAudio:
     summary: SynthesisSummary | None = None
 
 
+class ListenerLead:
+    """How far a listener who started playing at the first chunk is from running out: audio sent minus audio
+    played, at the time of the last chunk."""
+
+    def __init__(self, frame_rate_hz: float) -> None:
+        self._frame_s = 1.0 / frame_rate_hz
+        self._first_sent: float | None = None
+        self._num_frames = 0
+        self.lead_s = 0.0
+
+    def sent(self, num_frames: int, now: float) -> None:
+        if self._first_sent is None:
+            self._first_sent = now
+        self._num_frames += num_frames
+        self.lead_s = self._num_frames * self._frame_s - (now - self._first_sent)
+
+
 # How a speech call's status is named when an exception ends it (gRPC's status names, for either front door).
 EndingStatus = Callable[[CallRecord, BaseException], str]
 
@@ -403,6 +420,9 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         """The stream's audio encoded as it comes; the last piece carries the summary, the record then finished."""
         encoder = ChunkEncoder(output)
         profile = self._server_phase_timer()
+        frame_rate_hz = self.engine_or_unavailable().model_info.frame_rate_hz
+        listener = ListenerLead(frame_rate_hz)
+        num_coalesced_frames = max(1, round(self.config.coalesced_message_seconds * frame_rate_hz))
         async for piece in stream:
             started = time.perf_counter()
             chunk = await run_encoder(encoder, lambda piece=piece: encoder.encode(piece.samples))
@@ -413,6 +433,9 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                 if profile is not None:  # the yield returns once the front door has written the chunk
                     profile("encode", encoded - started)
                     profile("write", time.perf_counter() - encoded)
+            listener.sent(piece.num_frames, time.monotonic())
+            is_ahead = listener.lead_s >= self.config.coalesce_when_ahead_seconds
+            stream.take_at_least(num_coalesced_frames if is_ahead else 1)
         summary = stream.summary
         assert summary is not None
         chunk = await run_encoder(encoder, encoder.finish)

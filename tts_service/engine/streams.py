@@ -71,7 +71,8 @@ class RequestStream:
 
     A reader that comes back to find several chunks waiting takes them as one (the engine decodes
     audio every step; a reader who is slower than that, gRPC's writes under load say, then sends
-    fewer, larger messages instead of falling further behind).
+    fewer, larger messages instead of falling further behind). A reader whose listener is well
+    ahead may also ask to be woken only once `take_at_least(n)` frames are waiting.
     """
 
     def __init__(self, request_id: str, max_unread_frames: int | None = None,
@@ -83,14 +84,15 @@ class RequestStream:
         self._max_unread_frames = max_unread_frames
         self._on_backlog = on_backlog
         self._is_done = False
+        self._min_take_frames = 1
         self._items: deque[AudioChunk | SynthesisSummary | Exception] = deque()
         self._has_items = asyncio.Event()
 
     # Engine side.
 
     def put_audio(self, chunk: AudioChunk) -> None:
-        self._put(chunk)
         self.num_unread_frames += chunk.num_frames
+        self._put(chunk)
         limit = self._max_unread_frames
         if limit is not None and not self.is_backlogged and self.num_unread_frames > limit:
             self._set_backlogged(True)
@@ -108,9 +110,24 @@ class RequestStream:
 
     def _put(self, item: AudioChunk | SynthesisSummary | Exception) -> None:
         self._items.append(item)
-        self._has_items.set()
+        if self._is_ready():
+            self._has_items.set()
+
+    def _is_ready(self) -> bool:
+        """Something for the reader: the stream's end, or enough audio."""
+        items = self._items
+        if not items:
+            return False
+        return not isinstance(items[-1], AudioChunk) or self.num_unread_frames >= self._min_take_frames
 
     # Caller side.
+
+    def take_at_least(self, num_frames: int) -> None:
+        """Wake the reader only once `num_frames` frames of audio are waiting, or the stream has ended (a reader
+        whose listener holds plenty of audio sends fewer, larger messages). 1 undoes it."""
+        self._min_take_frames = max(1, num_frames)
+        if self._is_ready():
+            self._has_items.set()
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -118,7 +135,7 @@ class RequestStream:
     async def __anext__(self) -> AudioChunk:
         if self._is_done:
             raise StopAsyncIteration
-        while not self._items:
+        while not self._is_ready():
             self._has_items.clear()
             await self._has_items.wait()
         if isinstance(self._items[0], AudioChunk):
