@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, TypeVar
 
+from observability.gc_pauses import freeze_startup_objects, watch_pauses
 from observability.logs import configure_logging
 from tts_service.api.config import ConfigError, ServerConfig, load_config
 
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 logger = logging.getLogger("tts_service")
+# A collection that stops the server this long delays every stream's next write: worth a log line.
+_LOGGED_GC_PAUSE_S = 0.01
 
 
 def package_version() -> str:
@@ -128,6 +132,7 @@ async def serve(config: ServerConfig) -> int:
         logger.error("%s", error)
         return 1
     tracer: CallTracer | None = None
+    gc_watch = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -147,6 +152,8 @@ async def serve(config: ServerConfig) -> int:
             logger.error("the warm-up synthesis failed: %s", error)
             await engine.stop()
             return 1
+        logger.info("froze %d start-up objects out of the garbage collector's walks", freeze_startup_objects())
+        gc_watch = watch_pauses("server", _LOGGED_GC_PAUSE_S)
         tracer = start_tracing(config, engine.model_info)
         await server.serve(engine, create_metrics(config, engine.model_info), tracer)
         exited = asyncio.ensure_future(engine.wait_exited())
@@ -170,6 +177,8 @@ async def serve(config: ServerConfig) -> int:
         await server.shutdown()
         if tracer is not None:
             tracer.shutdown()
+        if gc_watch is not None:
+            gc.callbacks.remove(gc_watch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from observability.gc_pauses import freeze_startup_objects, watch_pauses
 from observability.logs import configure_logging
 from observability.metrics import StepObservation
 from tts_service.engine.config import EngineConfig
@@ -46,6 +47,8 @@ from tts_service.engine.wire import (
 from tts_service.model.prompts import VoiceClone
 
 logger = logging.getLogger(__name__)
+# A collection that stops the core this long delays every stream's next step: worth a log line.
+_LOGGED_GC_PAUSE_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,9 @@ async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
         return
     outbox.occupancy = lambda: occupancy_of(engine)
     engine.add_step_observer(outbox.step)
+    logger.info("the engine core froze %d start-up objects out of the garbage collector's walks",
+                freeze_startup_objects())
+    watch_pauses("engine core", _LOGGED_GC_PAUSE_S)
     engine.start()
     send(writer, Ready(engine.model_info, engine.captured_graph_batch_sizes(), engine.max_unread_frames,
                        occupancy_of(engine)))

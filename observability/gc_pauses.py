@@ -1,0 +1,44 @@
+"""Python's garbage collector, kept out of the streams' way and watched.
+
+A full collection walks every object the process tracks. With torch and transformers loaded that is
+hundreds of thousands of objects, built at start-up and never freed, and the walk stops every thread:
+in the engine core, every stream's next step; in the server, every write. `freeze_startup_objects`
+moves what exists after start-up out of the collector's sight (gc.freeze), so later collections walk
+only what serving allocates. `watch_pauses` logs each collection that stops the process longer than a
+threshold, with its generation, so that a stall seen by listeners can be matched to one.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def freeze_startup_objects() -> int:
+    """Collect once, then exempt every object that survived from later collections; returns how many."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+def watch_pauses(process: str, min_pause_s: float) -> Callable[[str, dict[str, Any]], None]:
+    """Log every collection in this process that takes at least `min_pause_s`. Returns the callback, which
+    gc.callbacks now holds (remove it from there to stop watching)."""
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        seconds = time.perf_counter() - started[0]
+        if seconds >= min_pause_s:
+            logger.warning("a generation-%d garbage collection paused the %s %.1f ms (%d objects collected)",
+                           info.get("generation", -1), process, seconds * 1e3, info.get("collected", 0))
+
+    gc.callbacks.append(callback)
+    return callback
