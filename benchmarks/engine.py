@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from observability.gc_pauses import freeze_startup_objects
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine, EngineStats
 from tts_service.engine.streams import SynthesisRequest
@@ -138,6 +139,7 @@ async def run_benchmark(engine: Engine, levels: list[int], frame_s: float,
     engine.start()
     try:
         await run_level(engine, 1, 2, frame_s, non_streaming_text)  # warm-up: lazy initialisation, allocator growth
+        freeze_startup_objects()  # as the server does after its warm-up: no full collection walks the model's objects
         summaries, timings = [], []
         for concurrency in levels:
             started = time.perf_counter()

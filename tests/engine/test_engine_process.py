@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -33,6 +36,7 @@ from tts_service.engine.wire import portable
 from tts_service.model.checkpoint import LoadedModel
 
 T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = EngineConfig(max_running=4, max_waiting=8, max_positions_per_request=512)
 TEXT = "The core runs in a process of its own."
 SEEDED = GenerationParams(talker=SamplingParams(0.9, top_k=50), predictor=SamplingParams(0.9, top_k=50),
@@ -184,3 +188,45 @@ def test_an_error_that_cannot_cross_the_process_becomes_a_runtime_error_that_nam
     assert type(crossed) is RuntimeError and str(crossed) == "Local: lost in transit"
     kept = portable(PromptError("text", "must not be empty"))
     assert type(kept) is PromptError and kept.field == "text"
+
+
+def test_the_core_exits_when_the_servers_process_dies_without_a_word(tiny_checkpoints: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """A server killed with SIGKILL leaves no core holding the GPU: the core sees its socket close and ends."""
+    script = tmp_path / "server.py"
+    script.write_text(f"""
+import asyncio, sys
+from tests.engine.test_engine_process import spec_for
+from tts_service.engine import EngineProcess
+
+async def main():
+    engine = await EngineProcess.start(spec_for({str(tiny_checkpoints["custom_voice"])!r}))
+    sys.stdout.write(f"{{engine.pid}}\\n")
+    sys.stdout.flush()
+    await asyncio.Event().wait()
+
+if __name__ == "__main__":
+    asyncio.run(main())
+""")
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    server = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout is not None
+        core_pid = int(server.stdout.readline())
+        server.kill()
+        server.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while pid_is_running(core_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_is_running(core_pid)
+    finally:
+        server.kill()
+
+
+def pid_is_running(pid: int) -> bool:
+    """Whether `pid` names a live process (a zombie, dead but not yet reaped by its parent, does not count)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -228,10 +228,11 @@ async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
         receiving.cancel()
         with contextlib.suppress(Exception):  # a loop that failed has logged why; its requests end below all the same
             await engine.stop()  # what is still live ends with an error, which goes out in the last batch
-        outbox.flush()
-        await writer.drain()
-        writer.close()
-        await writer.wait_closed()
+        with contextlib.suppress(ConnectionError):  # the server's process may be gone: nobody to tell
+            outbox.flush()
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
     if stepping.done() and stepping.exception() is not None:  # the loop failed: the server sees the core exit
         raise SystemExit(1)
 
