@@ -27,7 +27,7 @@ from observability.gc_pauses import freeze_startup_objects, watch_pauses
 from observability.logs import configure_logging
 from observability.metrics import StepObservation
 from tts_service.engine.config import EngineConfig
-from tts_service.engine.engine import Engine
+from tts_service.engine.engine import Engine, EngineOccupancy
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.voice_files import RegisteredVoice
 from tts_service.engine.wire import (
@@ -35,7 +35,6 @@ from tts_service.engine.wire import (
     Call,
     LoadFailed,
     Notice,
-    Occupancy,
     Ready,
     Reply,
     Stop,
@@ -93,7 +92,7 @@ class Outbox:
         self._writer = writer
         self._batch = Batch()
         self._is_flush_scheduled = False
-        self.occupancy: Callable[[], Occupancy] | None = None
+        self.occupancy: Callable[[], EngineOccupancy] | None = None
 
     def item(self, item: StreamItem) -> None:
         self._batch.items.append(item)
@@ -120,12 +119,6 @@ class Outbox:
         occupancy = self.occupancy() if self.occupancy is not None else None
         send(self._writer, replace(self._batch, occupancy=occupancy))
         self._batch = Batch()
-
-
-def occupancy_of(engine: Engine) -> Occupancy:
-    held = engine.occupancy()
-    return Occupancy(held.num_running, held.num_waiting, held.num_parked, held.num_preemptions_total,
-                     held.num_kv_blocks_used, held.num_kv_blocks_total)
 
 
 # -- voices cross as numpy, so that the server's process never needs torch -------------------------
@@ -212,14 +205,14 @@ async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
         await writer.drain()
         writer.close()
         return
-    outbox.occupancy = lambda: occupancy_of(engine)
+    outbox.occupancy = engine.occupancy
     engine.add_step_observer(outbox.step)
     logger.info("the engine core froze %d start-up objects out of the garbage collector's walks",
                 freeze_startup_objects())
     watch_pauses("engine core", _LOGGED_GC_PAUSE_S)
     engine.start()
     send(writer, Ready(engine.model_info, engine.captured_graph_batch_sizes(), engine.max_unread_frames,
-                       occupancy_of(engine)))
+                       engine.occupancy()))
     receiving = asyncio.ensure_future(_receive_until_stop(reader, CoreBridge(engine, outbox)))
     stepping = asyncio.ensure_future(engine.join())
     try:

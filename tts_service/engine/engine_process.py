@@ -26,12 +26,12 @@ from observability.calls import RequestTimeline
 from observability.metrics import StepObservation
 from scheduler.request import FinishReason
 from tts_service.engine.core_process import CoreSpec, run_core
-from tts_service.engine.engine import EngineStats, EngineStoppedError
+from tts_service.engine.engine import EngineOccupancy, EngineStats, EngineStoppedError
 from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.voice_files import RegisteredVoice
 from tts_service.engine.warm_up import warm_up
-from tts_service.engine.wire import Batch, Call, LoadFailed, Notice, Occupancy, Ready, Reply, Stop, receive, send
+from tts_service.engine.wire import Batch, Call, LoadFailed, Notice, Ready, Reply, Stop, receive, send
 from tts_service.model.prompts import VoiceClone
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class EngineProcess:
     def num_live_requests(self) -> int:
         return len(self._streams)
 
-    def occupancy(self) -> Occupancy:
+    def occupancy(self) -> EngineOccupancy:
         """The engine's load as of the core's last message (it sends one whenever anything changes)."""
         return self._occupancy
 

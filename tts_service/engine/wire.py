@@ -16,22 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from observability.metrics import StepObservation
+from tts_service.engine.engine import EngineOccupancy
 from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.streams import AudioChunk, SynthesisSummary
 
 _LENGTH = struct.Struct("!Q")
-
-
-@dataclass(frozen=True)
-class Occupancy:
-    """The engine's load as the scheduler counts it (the fields of EngineOccupancy), sent with every batch."""
-
-    num_running: int
-    num_waiting: int
-    num_parked: int
-    num_preemptions_total: int
-    num_kv_blocks_used: int
-    num_kv_blocks_total: int
 
 
 # -- server -> core ---------------------------------------------------------------------------------
@@ -69,7 +58,7 @@ class Ready:
     model_info: ModelInfo
     captured_graph_batch_sizes: dict[str, list[int]]
     max_unread_frames: int | None
-    occupancy: Occupancy
+    occupancy: EngineOccupancy
 
 
 @dataclass(frozen=True)
@@ -101,7 +90,7 @@ class Batch:
     items: list[StreamItem] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
     steps: list[StepObservation] = field(default_factory=list)
-    occupancy: Occupancy | None = None
+    occupancy: EngineOccupancy | None = None
 
 
 def portable(error: BaseException) -> BaseException:
