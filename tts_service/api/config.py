@@ -91,9 +91,9 @@ class ServerConfig:
     tls_client_ca: Path | None = None  # set: clients must present a certificate it signed (mTLS)
     api_keys: frozenset[str] = field(default=frozenset(), repr=False)
     drain_timeout_seconds: float = 30.0
-    # How long a thread may hold the GIL while another waits for it (Python's default is 5 ms). The engine's
-    # thread gives the GIL up around every graph launch and device wait and must win it back from the event
-    # loop, which is busy with the streams' writes under load.
+    # How long a thread may hold the GIL while another waits for it (Python's default is 5 ms), in the server's
+    # process and the engine core's. The runner's thread gives the GIL up around every graph launch and device
+    # wait and must win it back from its process's event loop.
     gil_switch_interval_ms: float = 5.0
     # The engine core (scheduler, runner, GPU) in a process of its own, as vLLM and SGLang run theirs: the gRPC
     # front door, protobuf and audio encoding then never hold the GIL while it queues a step. Off: one process.
