@@ -131,7 +131,8 @@ def step_summary(before: EngineStats, after: EngineStats) -> dict[str, Any]:
             "execute_ms_mean": (after.execute_s - before.execute_s) / num_steps * 1e3,
             "decode_batch_mean": (after.num_decoded_frames - before.num_decoded_frames) / num_steps,
             "codec_frames_per_step": (after.num_codec_frames - before.num_codec_frames) / num_steps,
-            "prefills_per_step": (after.num_prefills - before.num_prefills) / num_steps}
+            "prefills_per_step": (after.num_prefills - before.num_prefills) / num_steps,
+            "num_eager_prefills": after.num_eager_prefills - before.num_eager_prefills}
 
 
 async def run_benchmark(engine: Engine, levels: list[int], frame_s: float,
@@ -193,12 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     header = (f"{'conc':>5} {'reqs':>5} {'ttfa p50':>9} {'ttfa p95':>9} {'rtf p50':>8} {'rtf max':>8} "
-              f"{'late ms':>8} {'late':>5} {'audio s/s':>10} {'step ms':>8} {'exec ms':>8} {'batch':>6}")
+              f"{'late ms':>8} {'late':>5} {'audio s/s':>10} {'step ms':>8} {'exec ms':>8} {'batch':>6} "
+              f"{'eager':>6}")
     lines = [header] + [f"{s['concurrency']:>5} {s['num_requests']:>5} {s['ttfa_p50_ms']:>9.1f} "
                         f"{s['ttfa_p95_ms']:>9.1f} {s['rtf_p50']:>8.3f} {s['rtf_max']:>8.3f} "
                         f"{s['max_lateness_ms']:>8.1f} {s['num_requests_late']:>5} "
                         f"{s['audio_s_per_wall_s']:>10.1f} {s['step_ms_mean']:>8.1f} {s['execute_ms_mean']:>8.1f} "
-                        f"{s['decode_batch_mean']:>6.1f}" for s in summaries]
+                        f"{s['decode_batch_mean']:>6.1f} {s['num_eager_prefills']:>6}" for s in summaries]
     lines += [f"{s['concurrency']:>5} phases ms/step: " + ", ".join(f"{phase} {ms:.2f}" for phase, ms in
                                                                    s["phase_ms_per_step"].items())
               for s in summaries if s["phase_ms_per_step"]]

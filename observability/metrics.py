@@ -49,6 +49,8 @@ class StepObservation:
     num_prefills: int
     num_codec_frames: int
     step_s: float
+    # Prefill calls outside the captured CUDA graphs (a batch or prompt beyond every captured bucket).
+    num_eager_prefills: int = 0
     # The step profiler's seconds per phase (engine loop on the host, and device time); None when it is off.
     phases: Mapping[str, float] | None = None
 
@@ -111,6 +113,10 @@ class ServiceMetrics:
                                     registry=self.registry)
         self.prefills = Counter("qwen3_tts_engine_prefills", "Requests prefilled (admitted or resumed).", names,
                                 registry=self.registry)
+        self.eager_prefills = Counter("qwen3_tts_engine_eager_prefills",
+                                      "Prefill calls run outside the captured CUDA graphs (a batch or prompt beyond "
+                                      "every captured bucket): each makes its step far longer.", names,
+                                      registry=self.registry)
         self.build_info = Info("qwen3_tts_build", "Version, model, dtype and device of this server.",
                                registry=self.registry)
 
@@ -123,6 +129,8 @@ class ServiceMetrics:
             self.batch_size.labels(**labels).observe(step.num_decodes)
         if step.num_prefills:
             self.prefills.labels(**labels).inc(step.num_prefills)
+        if step.num_eager_prefills:
+            self.eager_prefills.labels(**labels).inc(step.num_eager_prefills)
 
     def observe_server_phase(self, phase: str, seconds: float) -> None:
         """The step profiler's view of the server: `encode` or `write` time of one audio chunk."""

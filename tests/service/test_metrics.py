@@ -188,3 +188,20 @@ def test_a_call_whose_request_failed_in_the_engine_counts_as_internal_with_finis
         client.synthesize("Hello there.", RYAN, generation=GREEDY)
     assert caught.value.code() is grpc.StatusCode.INTERNAL
     assert wait_until(lambda: requests_by_status_and_finish_reason(metrics) - before == {("INTERNAL", "error"): 1})
+
+
+def test_prefills_run_outside_the_captured_graphs_are_counted_once_each_in_the_next_step(
+        metered: tuple[RunningServer, ServiceMetrics]) -> None:
+    running, metrics = metered
+    engine = running.engine
+    before = sum(v for (name, _), v in samples(metrics).items() if name == "qwen3_tts_engine_eager_prefills_total")
+    stats_before = engine.stats.num_eager_prefills
+
+    async def as_if_two_ran_eagerly() -> None:  # on the CPU nothing is captured, so nothing runs "eagerly"
+        engine.runner.num_eager_prefills += 2
+
+    running.run(as_if_two_ran_eagerly())
+    with running.client() as client:
+        client.synthesize("Count me.", RYAN, generation=GREEDY)
+    assert value(samples(metrics), "qwen3_tts_engine_eager_prefills_total") == before + 2
+    assert engine.stats.num_eager_prefills == stats_before + 2

@@ -64,6 +64,7 @@ class EngineStats:
     num_decoded_frames: int = 0
     num_prefills: int = 0
     num_codec_frames: int = 0
+    num_eager_prefills: int = 0  # prefill calls outside the captured graphs
     execute_s: float = 0.0  # in the runner (worker thread), GPU work included
     loop_s: float = 0.0  # in the loop between schedule() and the end of fan-out, execute_s included
     last_step_s: float = 0.0
@@ -79,6 +80,7 @@ class EngineStats:
         self.num_decoded_frames += step.num_decodes
         self.num_prefills += step.num_prefills
         self.num_codec_frames += step.num_codec_frames
+        self.num_eager_prefills += step.num_eager_prefills
         self.execute_s += execute_s
         self.loop_s += step.step_s
         self.last_step_s = step.step_s
@@ -490,9 +492,11 @@ class Engine:
 
     def _count(self, output: SchedulerOutput, execute_s: float, loop_s: float,
                phases: dict[str, float] | None) -> None:
+        # The runner's thread is idle between steps, so its count is read here without a race.
+        num_eager_prefills = self.runner.num_eager_prefills - self.stats.num_eager_prefills
         step = StepObservation(num_decodes=len(output.decodes), num_prefills=len(output.prefills),
                                num_codec_frames=sum(chunk.num_frames for chunk in output.codec_chunks), step_s=loop_s,
-                               phases=phases)
+                               phases=phases, num_eager_prefills=num_eager_prefills)
         self.stats.record(step, execute_s)
         for observer in self._step_observers:
             observer(step)

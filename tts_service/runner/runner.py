@@ -197,6 +197,8 @@ class ModelRunner:
         self.pad_embedding = embed_text_ids(self.talker, [self.tts_pad_id])[0]
         self.staging = _IdStaging(self.device)
         self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
+        # Prefill calls run eagerly although graphs are on: a batch or prompt beyond every captured bucket.
+        self.num_eager_prefills = 0
         if self.uses_graphs:
             self._capture_graphs()
         self.timer = PhaseTimer(self.device) if config.profile_steps else None
@@ -390,6 +392,7 @@ class ModelRunner:
         block_tables = _block_tables([item.block_ids for item in prefills])
         bucket = self._prefill_bucket(len(prefills), int(lengths.max()))
         if bucket is None:
+            self.num_eager_prefills += int(self.uses_graphs)
             last = self._prefill_hidden_eager(embeds, lengths, block_tables)
         else:
             last = self._prefill_hidden_graph(bucket, embeds, lengths, block_tables)
