@@ -546,7 +546,9 @@ class Engine:
     def _codec_work(self, chunk: CodecChunk) -> CodecWork:
         live = self._live[chunk.request_id]
         frames = live.frames[chunk.first_frame:chunk.first_frame + chunk.num_frames]
-        return CodecWork(chunk.request_id, chunk.slot, chunk.first_frame, self._stack_frames(frames))
+        # One frame is every running stream's chunk every step: a view of it, where np.stack would copy.
+        codes = frames[0][np.newaxis] if len(frames) == 1 else self._stack_frames(frames)
+        return CodecWork(chunk.request_id, chunk.slot, chunk.first_frame, codes)
 
     def _apply(self, output: SchedulerOutput, done: StepDone, audio_time: float | None) -> None:
         eos_ids = {request_id for request_id, frame in done.frames.items() if frame[0] == self._eos_code}
