@@ -117,6 +117,7 @@ class ServiceMetrics:
                                       "Prefill calls run outside the captured CUDA graphs (a batch or prompt beyond "
                                       "every captured bucket): each makes its step far longer.", names,
                                       registry=self.registry)
+        self.eager_prefills.labels(**self._labels)  # exported at 0 from the start: most servers never run one
         self.build_info = Info("qwen3_tts_build", "Version, model, dtype and device of this server.",
                                registry=self.registry)
 
