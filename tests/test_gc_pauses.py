@@ -10,26 +10,25 @@ import pytest
 from observability.gc_pauses import freeze_startup_objects, watch_pauses
 
 
-def test_a_collection_longer_than_the_threshold_is_logged_with_its_generation_and_process(
-        caplog: pytest.LogCaptureFixture) -> None:
-    callback = watch_pauses("test process", min_pause_s=0.0)
+def messages_of_a_full_collection(min_pause_s: float, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the watcher logs while the collector walks every generation once."""
+    callback = watch_pauses("test process", min_pause_s)
     try:
         with caplog.at_level(logging.WARNING, logger="observability.gc_pauses"):
             gc.collect(2)
     finally:
         gc.callbacks.remove(callback)
-    messages = [record.getMessage() for record in caplog.records]
+    return [record.getMessage() for record in caplog.records]
+
+
+def test_a_collection_longer_than_the_threshold_is_logged_with_its_generation_and_process(
+        caplog: pytest.LogCaptureFixture) -> None:
+    messages = messages_of_a_full_collection(0.0, caplog)
     assert any("generation-2 garbage collection paused the test process" in message for message in messages)
 
 
 def test_a_collection_under_the_threshold_is_not_logged(caplog: pytest.LogCaptureFixture) -> None:
-    callback = watch_pauses("test process", min_pause_s=60.0)
-    try:
-        with caplog.at_level(logging.WARNING, logger="observability.gc_pauses"):
-            gc.collect(2)
-    finally:
-        gc.callbacks.remove(callback)
-    assert caplog.records == []
+    assert messages_of_a_full_collection(60.0, caplog) == []
 
 
 def test_freezing_takes_the_objects_alive_now_out_of_later_collections() -> None:
