@@ -49,6 +49,10 @@ BENCH_TEXTS = (
 )
 
 
+# The engine's own split of a request's first audio (RequestTiming's fields of the same names, in seconds).
+FIRST_AUDIO_STAGES = ("queue", "prefill", "frame_to_audio")
+
+
 def frames_for_text(text: str) -> int:
     return max(1, round(len(text) / CHARACTERS_PER_SECOND * FRAME_RATE_HZ))
 
@@ -63,6 +67,11 @@ class RequestTiming:
     total_s: float
     realtime_factor: float
     max_lateness_s: float  # > 0: the listener would have heard a gap
+    # Where the engine's first audio went, from its own timeline: waiting for admission, the step that prefilled
+    # it and sampled frame 0, then until frame 0's audio reached the stream (the next step's codec call).
+    queue_s: float
+    prefill_s: float
+    frame_to_audio_s: float
 
 
 async def timed_request(engine: Engine, index: int, concurrency: int, frame_s: float,
@@ -84,10 +93,15 @@ async def timed_request(engine: Engine, index: int, concurrency: int, frame_s: f
             first_audio = now
         max_lateness = max(max_lateness, now - (first_audio + chunk.first_frame * frame_s))
     finished = time.perf_counter()
-    assert stream.summary is not None and first_audio is not None
-    audio_s = stream.summary.num_frames * frame_s
-    return RequestTiming(concurrency, text_index, stream.summary.num_frames, audio_s, first_audio - started,
-                         finished - started, (finished - started) / audio_s, max_lateness)
+    summary = stream.summary
+    assert summary is not None and first_audio is not None
+    timeline = summary.timeline
+    assert timeline.queue_s is not None and timeline.prefill_s is not None
+    assert timeline.first_frame is not None and timeline.first_audio is not None
+    audio_s = summary.num_frames * frame_s
+    return RequestTiming(concurrency, text_index, summary.num_frames, audio_s, first_audio - started,
+                         finished - started, (finished - started) / audio_s, max_lateness, timeline.queue_s,
+                         timeline.prefill_s, timeline.first_audio - timeline.first_frame)
 
 
 async def run_level(engine: Engine, concurrency: int, num_requests: int, frame_s: float,
@@ -117,6 +131,9 @@ def summarize(concurrency: int, timings: list[RequestTiming], wall_s: float) -> 
         "max_lateness_ms": max(t.max_lateness_s for t in timings) * 1e3,
         "num_requests_late": sum(t.max_lateness_s > 0 for t in timings),
         "audio_s_per_wall_s": sum(t.audio_s for t in timings) / wall_s,
+        **{f"{stage}_p{round(fraction * 100)}_ms": percentile([getattr(t, f"{stage}_s") for t in timings],
+                                                               fraction) * 1e3
+           for stage in FIRST_AUDIO_STAGES for fraction in (0.5, 0.95)},
     }
 
 
@@ -201,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{s['max_lateness_ms']:>8.1f} {s['num_requests_late']:>5} "
                         f"{s['audio_s_per_wall_s']:>10.1f} {s['step_ms_mean']:>8.1f} {s['execute_ms_mean']:>8.1f} "
                         f"{s['decode_batch_mean']:>6.1f} {s['num_eager_prefills']:>6}" for s in summaries]
+    lines += [f"{s['concurrency']:>5} first audio p50/p95 ms: " + ", ".join(
+        f"{stage} {s[f'{stage}_p50_ms']:.1f}/{s[f'{stage}_p95_ms']:.1f}" for stage in FIRST_AUDIO_STAGES)
+        for s in summaries]
     lines += [f"{s['concurrency']:>5} phases ms/step: " + ", ".join(f"{phase} {ms:.2f}" for phase, ms in
                                                                    s["phase_ms_per_step"].items())
               for s in summaries if s["phase_ms_per_step"]]
