@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
+# A collection that stops a serving process this long delays every stream's next step or write: worth a log line.
+LOGGED_PAUSE_S = 0.01
 
 
 def freeze_startup_objects() -> int:
@@ -26,7 +28,7 @@ def freeze_startup_objects() -> int:
     return gc.get_freeze_count()
 
 
-def watch_pauses(process: str, min_pause_s: float) -> Callable[[str, dict[str, Any]], None]:
+def watch_pauses(process: str, min_pause_s: float = LOGGED_PAUSE_S) -> Callable[[str, dict[str, Any]], None]:
     """Log every collection in this process that takes at least `min_pause_s`. Returns the callback, which
     gc.callbacks now holds (remove it from there to stop watching)."""
     started = [0.0]

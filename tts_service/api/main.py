@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 logger = logging.getLogger("tts_service")
-# A collection that stops the server this long delays every stream's next write: worth a log line.
-_LOGGED_GC_PAUSE_S = 0.01
 
 
 def package_version() -> str:
@@ -153,7 +151,7 @@ async def serve(config: ServerConfig) -> int:
             await engine.stop()
             return 1
         logger.info("froze %d start-up objects out of the garbage collector's walks", freeze_startup_objects())
-        gc_watch = watch_pauses("server", _LOGGED_GC_PAUSE_S)
+        gc_watch = watch_pauses("server")
         tracer = start_tracing(config, engine.model_info)
         await server.serve(engine, create_metrics(config, engine.model_info), tracer)
         exited = asyncio.ensure_future(engine.wait_exited())

@@ -47,8 +47,6 @@ from tts_service.engine.wire import (
 from tts_service.model.prompts import VoiceClone
 
 logger = logging.getLogger(__name__)
-# A collection that stops the core this long delays every stream's next step: worth a log line.
-_LOGGED_GC_PAUSE_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -210,7 +208,7 @@ async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
     engine.add_step_observer(outbox.step)
     logger.info("the engine core froze %d start-up objects out of the garbage collector's walks",
                 freeze_startup_objects())
-    watch_pauses("engine core", _LOGGED_GC_PAUSE_S)
+    watch_pauses("engine core")
     engine.start()
     send(writer, Ready(engine.model_info, engine.captured_graph_batch_sizes(), engine.max_unread_frames,
                        engine.occupancy()))

@@ -88,6 +88,9 @@ class EngineProcess:
             target=run_core, args=(spec, theirs), name="tts-engine-core")
         try:
             process.start()
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()  # the core holds the only other end, so its exit closes our socket
         reader, writer = await asyncio.open_unix_connection(sock=ours)
