@@ -51,3 +51,16 @@ def test_graph_captured_codec_chunks_equal_eager_chunks_on_gpu() -> None:
                                        for start, end in ((0, 1), (1, 3), (3, 7), (7, 10))], axis=1))
     difference = np.abs(streams[0] - streams[1]).max()
     assert difference <= 1e-5, f"graph and eager audio differ by {difference}"
+
+
+def test_a_burst_of_prefills_beyond_the_largest_prefill_graph_replays_graphs_in_groups_and_equals_eager() -> None:
+    model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
+    requests = requests_for(model, [9, 14, 11])
+    expected = generate_codes(model.talker, requests, model.config.tts_pad_token_id)
+    config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=256,
+                          graph_batch_sizes=(1, 2, 4), prefill_graph_batch_sizes=(1, 2))
+    runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
+    frames = run_staggered(runner, requests, [0, 0, 0], model.config.tts_pad_token_id)  # 3 prefills: 2 + 1
+    assert runner.num_eager_prefills == 0
+    for got, want in zip(frames, expected, strict=True):
+        assert torch.equal(torch.from_numpy(np.stack(got)), want.codes)

@@ -383,6 +383,24 @@ class ModelRunner:
         buffers.graphs[bucket].replay()
         return buffers.last_hidden[:len(embeds)]
 
+    def _prefill_hidden(self, embeds: list[torch.Tensor], lengths: torch.Tensor,
+                        block_tables: torch.Tensor) -> torch.Tensor:
+        """Each prompt's last hidden state, from captured graphs: in groups of the largest captured batch when
+        the prefills outnumber it (a burst of admissions), eagerly only when a prompt is longer than every
+        captured length (an eager prefill of many rows launches hundreds of kernels from the host)."""
+        max_batch = max(self.prefill_batch_buckets, default=0)
+        groups = [slice(start, start + max_batch) for start in range(0, len(embeds), max_batch)] if max_batch else []
+        buckets = [self._prefill_bucket(len(embeds[group]), int(lengths[group].max())) for group in groups]
+        if not groups or None in buckets:
+            self.num_eager_prefills += int(self.uses_graphs)
+            return self._prefill_hidden_eager(embeds, lengths, block_tables)
+        if len(groups) == 1:
+            return self._prefill_hidden_graph(buckets[0], embeds, lengths, block_tables)  # type: ignore[arg-type]
+        # A replay overwrites the graph's output buffer: each group's rows are copied out before the next replay.
+        return torch.cat([self._prefill_hidden_graph(bucket, embeds[group], lengths[group],  # type: ignore[arg-type]
+                                                     block_tables[group]).clone()
+                          for group, bucket in zip(groups, buckets, strict=True)])
+
     def _prefill(self, prefills: tuple[PrefillInput, ...], embeds: list[torch.Tensor],
                  resumed_code0: list[torch.Tensor | None]) -> torch.Tensor:
         """The talker over each prompt (its keys and values into the request's blocks) -> each last hidden state;
@@ -390,12 +408,7 @@ class ModelRunner:
         codebook-0 codes `resumed_code0` it already made)."""
         lengths = torch.tensor([e.shape[0] for e in embeds], dtype=torch.int64)
         block_tables = _block_tables([item.block_ids for item in prefills])
-        bucket = self._prefill_bucket(len(prefills), int(lengths.max()))
-        if bucket is None:
-            self.num_eager_prefills += int(self.uses_graphs)
-            last = self._prefill_hidden_eager(embeds, lengths, block_tables)
-        else:
-            last = self._prefill_hidden_graph(bucket, embeds, lengths, block_tables)
+        last = self._prefill_hidden(embeds, lengths, block_tables)
         for item, code0 in zip(prefills, resumed_code0, strict=True):
             self.state.assign(item.slot, item.params)
             if code0 is not None:
