@@ -140,6 +140,32 @@ def test_prefill_with_start_positions_attends_over_the_held_history() -> None:
     assert torch.isfinite(out).all()
 
 
+def test_bound_metadata_refilled_in_place_is_read_again_by_each_forward() -> None:
+    """A captured prefill replays with new lengths and blocks in the bound tensors: every forward's first
+    layer must work out the slots and masks again, and later layers must use that forward's."""
+    generator = torch.Generator().manual_seed(6)
+    cache = make_cache()
+    tables = shuffled_tables(generator, cache.num_blocks, 2, 3)
+    bound_tables, bound_lengths = torch.zeros_like(tables), torch.zeros(2, dtype=torch.int64)
+    bound = PagedPrefillBackend(cache)
+    bound.bind_static(bound_tables, bound_lengths)
+    for lengths, order in (([9, 4], [0, 1]), ([2, 11], [1, 0])):
+        cache.storage.zero_()
+        bound_tables.copy_(tables[order])
+        bound_lengths.copy_(torch.tensor(lengths))
+        reference = PagedPrefillBackend(make_cache())
+        reference.set_metadata(tables[order], torch.tensor(lengths))
+        for layer in range(cache.num_layers):
+            query, key, value = random_step(generator, 2, 12)
+            out = bound(layer, query, key, value)
+            for row, length in enumerate(lengths):
+                expected = causal_reference(query[row, :, :length], key[row, :, :length], value[row, :, :length])
+                torch.testing.assert_close(out[row, :, :length], expected, atol=TOLERANCE, rtol=TOLERANCE)
+            torch.testing.assert_close(out, reference(layer, query, key, value), atol=0, rtol=0)
+        assert torch.equal(cache.storage[:, :, :cache.scratch_block],
+                           reference.cache.storage[:, :, :cache.scratch_block])
+
+
 def test_padded_decode_rows_leave_real_rows_cache_and_outputs_untouched() -> None:
     generator = torch.Generator().manual_seed(3)
     cache = make_cache(num_layers=1)

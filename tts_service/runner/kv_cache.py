@@ -26,6 +26,7 @@ into the same tensors.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -496,64 +497,93 @@ class PagedPrefillBackend:
       start_positions [B]: positions the row already holds (0..start-1), attended from the cache.
     Token j of row b is written at position start[b] + j. Padding tokens write to the scratch
     block, and their (unused) outputs stay finite.
+
+    Rows that hold nothing yet (a new request's prompt, the runner's only case) can see no key but
+    their own prompt's: attention then runs causally over the keys and values in hand instead of
+    gathering the blocks just written, and the cache only receives them for the decode steps to come.
+    A padding query, placed after its row's tokens, sees them and the padding before it, so its
+    output stays finite. What the metadata implies (slots, masks) is worked out by the forward's
+    first layer and reused by the others: it is the same for every layer.
     """
 
     def __init__(self, cache: PagedKVCache) -> None:
         self.cache = cache
         self.block_tables: torch.Tensor | None = None
         self.lengths: torch.Tensor | None = None
-        self.start_positions: torch.Tensor | None = None
+        self.start_positions: torch.Tensor | None = None  # None: every row starts empty
+        self._derived: _PrefillLayout | None = None
 
     def set_metadata(self, block_tables: torch.Tensor, lengths: torch.Tensor,
                      start_positions: torch.Tensor | None = None) -> None:
-        if start_positions is None:
-            start_positions = torch.zeros_like(lengths)
         rows = block_tables.shape[0]
-        if lengths.shape != (rows,) or start_positions.shape != (rows,):
+        held = torch.zeros_like(lengths) if start_positions is None else start_positions
+        if lengths.shape != (rows,) or held.shape != (rows,):
             raise ValueError(f"lengths {tuple(lengths.shape)} and start_positions "
-                             f"{tuple(start_positions.shape)} must be [{rows}]")
+                             f"{tuple(held.shape)} must be [{rows}]")
         if lengths.device.type == "cpu" and lengths.numel() and lengths.min() < 0:
             raise ValueError("lengths must be >= 0")
-        validate_host_metadata(self.cache, block_tables, start_positions, start_positions + lengths)
+        validate_host_metadata(self.cache, block_tables, held, held + lengths)
         device = self.cache.device
         self.block_tables = block_tables.to(device, torch.int32, non_blocking=True)
         self.lengths = lengths.to(device, torch.int64, non_blocking=True)
-        self.start_positions = start_positions.to(device, torch.int64, non_blocking=True)
+        is_fresh = start_positions is None or (start_positions.device.type == "cpu" and not start_positions.any())
+        self.start_positions = None if is_fresh else held.to(device, torch.int64, non_blocking=True)
+        self._derived = None
 
-    def bind_static(self, block_tables: torch.Tensor, lengths: torch.Tensor, start_positions: torch.Tensor) -> None:
+    def bind_static(self, block_tables: torch.Tensor, lengths: torch.Tensor) -> None:
         """Read metadata from these device tensors as they are at each forward (no copies, no checks:
-        whoever refills them checks the host values with `validate_host_metadata` first)."""
-        self.block_tables, self.lengths, self.start_positions = block_tables, lengths, start_positions
+        whoever refills them checks the host values with `validate_host_metadata` first). Every row
+        starts empty."""
+        self.block_tables, self.lengths, self.start_positions = block_tables, lengths, None
+        self._derived = None
 
-    def _token_positions(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions [B, T] of the new tokens and which of them are real."""
-        assert self.lengths is not None and self.start_positions is not None
-        offsets = torch.arange(num_tokens, device=self.cache.device)[None, :]
-        return self.start_positions[:, None] + offsets, offsets < self.lengths[:, None]
+    def _layout(self, num_tokens: int) -> _PrefillLayout:
+        """Where each new token goes and, for rows with history, which keys each query sees."""
+        assert self.block_tables is not None and self.lengths is not None
+        device, block_size = self.cache.device, self.cache.block_size
+        offsets = torch.arange(num_tokens, device=device)[None, :]
+        starts = self.start_positions
+        positions = offsets.expand(self.lengths.shape[0], -1) if starts is None else starts[:, None] + offsets
+        is_real = offsets < self.lengths[:, None]
+        slots = flat_slots(self.block_tables, positions, block_size, self.cache.scratch_block)
+        slots = torch.where(is_real, slots, self.cache.scratch_block * block_size).flatten()
+        if starts is None:
+            return _PrefillLayout(num_tokens, slots, None, None)
+        span = self.block_tables.shape[1] * block_size
+        key_positions = torch.arange(span, device=device)
+        key_valid = key_positions[None, :] < (starts + self.lengths)[:, None]  # [B, S]
+        # Padding queries see every held key (their positions lie past the end); key 0 is always
+        # allowed so an all-padding row (length 0, nothing held) still has one finite term.
+        causal = key_positions[None, None, :] <= positions[:, :, None]
+        allowed = (causal & key_valid[:, None, :]) | (key_positions == 0)
+        return _PrefillLayout(num_tokens, slots, key_valid, allowed[:, None])
 
     def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor,
                  value: torch.Tensor) -> torch.Tensor:
-        if self.block_tables is None or self.lengths is None or self.start_positions is None:
+        if self.block_tables is None or self.lengths is None:
             raise RuntimeError("set_metadata must be called before the prefill forward")
         _check_shapes(self.cache, query, key, value)
         if query.shape[0] != self.block_tables.shape[0]:
             raise ValueError(f"batch {query.shape[0]} differs from the metadata's "
                              f"{self.block_tables.shape[0]} rows")
         num_heads, num_tokens = query.shape[1], query.shape[2]
-        positions, is_real = self._token_positions(num_tokens)
-        slots = flat_slots(self.block_tables, positions, self.cache.block_size, self.cache.scratch_block)
-        slots = torch.where(is_real, slots, self.cache.scratch_block * self.cache.block_size)
+        layout = self._derived
+        if layer_index == 0 or layout is None or layout.num_tokens != num_tokens:
+            layout = self._derived = self._layout(num_tokens)
         layer_cache = self.cache.layer(layer_index)
         store_kv_torch(layer_cache, key.transpose(1, 2).flatten(0, 1), value.transpose(1, 2).flatten(0, 1),
-                       slots.flatten())
+                       layout.slots)
+        if layout.allowed is None or layout.key_valid is None:
+            return F.scaled_dot_product_attention(query, repeat_kv(key, num_heads), repeat_kv(value, num_heads),
+                                                  is_causal=True)
+        keys = repeat_kv(_masked_dense(layer_cache[0], self.block_tables, layout.key_valid), num_heads)
+        values = repeat_kv(_masked_dense(layer_cache[1], self.block_tables, layout.key_valid), num_heads)
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=layout.allowed)
 
-        span = self.block_tables.shape[1] * self.cache.block_size
-        key_positions = torch.arange(span, device=query.device)
-        key_valid = key_positions[None, :] < (self.start_positions + self.lengths)[:, None]  # [B, S]
-        # Padding queries see every held key (their positions lie past the end); key 0 is always
-        # allowed so an all-padding row (length 0, nothing held) still has one finite term.
-        causal = key_positions[None, None, :] <= positions[:, :, None]
-        allowed = (causal & key_valid[:, None, :]) | (key_positions == 0)
-        keys = repeat_kv(_masked_dense(layer_cache[0], self.block_tables, key_valid), num_heads)
-        values = repeat_kv(_masked_dense(layer_cache[1], self.block_tables, key_valid), num_heads)
-        return F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed[:, None])
+
+@dataclass(frozen=True)
+class _PrefillLayout:
+    num_tokens: int
+    slots: torch.Tensor  # [B * T]: each token's flat cache slot (padding: the scratch block)
+    key_valid: torch.Tensor | None  # [B, S]: keys inside each row's context; None when rows start empty
+    allowed: torch.Tensor | None  # [B, 1, T, S]: the keys each query sees; None when rows start empty

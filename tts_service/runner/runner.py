@@ -132,7 +132,6 @@ class _PrefillBuffers:
 
     inputs: torch.Tensor  # [max_batch, max_length, H]
     lengths: torch.Tensor  # [max_batch] int64; padding rows hold 0 and touch only the scratch block
-    start_positions: torch.Tensor  # [max_batch] int64, always 0: a prefill starts a row's memory
     block_tables: torch.Tensor  # [max_batch, max_width] int32
     positions: torch.Tensor  # [max_length] int64: 0, 1, 2, ...
     last_hidden: torch.Tensor  # [max_batch, H]
@@ -229,7 +228,6 @@ class ModelRunner:
         return _PrefillBuffers(
             inputs=torch.zeros(max_batch, max_length, hidden_size, dtype=self.dtype, device=device),
             lengths=torch.zeros(max_batch, dtype=torch.int64, device=device),
-            start_positions=torch.zeros(max_batch, dtype=torch.int64, device=device),
             block_tables=torch.full((max_batch, max_width), self.kv_cache.scratch_block, dtype=torch.int32,
                                     device=device),
             positions=torch.arange(max_length, device=device),
@@ -262,8 +260,7 @@ class ModelRunner:
         buffers = self.prefill
         width = -(-length // self.config.block_size)
         lengths = buffers.lengths[:batch]
-        self.prefill_backend.bind_static(buffers.block_tables[:batch, :width], lengths,
-                                         buffers.start_positions[:batch])
+        self.prefill_backend.bind_static(buffers.block_tables[:batch, :width], lengths)
         hidden = self.talker.hidden(buffers.inputs[:batch, :length], buffers.positions[:length].expand(batch, -1),
                                     self.prefill_backend)
         rows = torch.arange(batch, device=self.device)
