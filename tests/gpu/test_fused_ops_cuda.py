@@ -90,6 +90,24 @@ def test_snake_beta_kernel_equals_eager_chain(dtype: torch.dtype, length: int) -
     assert torch.equal(fused, eager), f"max difference {(fused.float() - eager.float()).abs().max().item()}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("history_size", "length"), [(1, 1), (54, 1), (54, 20), (6, 1920), (54, 3000)])
+def test_snake_after_history_writes_what_concatenating_the_eager_chain_would(dtype: torch.dtype, history_size: int,
+                                                                             length: int) -> None:
+    """Twice in a row, as a stream's consecutive chunks: the second call reads the history the first left."""
+    log_alpha = (0.3 * activations(96, dtype=torch.float32, seed=1)).to(dtype)
+    log_beta = (0.3 * activations(96, dtype=torch.float32, seed=2)).to(dtype)
+    history = activations(3, 96, history_size, dtype=dtype, seed=3)
+    expected_history = history.clone()
+    for seed in (4, 5):
+        x = activations(3, 96, length, dtype=dtype, seed=seed)
+        expected = torch.cat((expected_history, fused_ops.snake_beta_eager(x, log_alpha, log_beta)), dim=-1)
+        expected_history = expected[..., -history_size:].clone()
+        extended = fused_ops.snake_beta_after_history(x, log_alpha, log_beta, history)
+        assert torch.equal(extended, expected)
+        assert torch.equal(history, expected_history)
+
+
 @pytest.mark.parametrize(("start", "length"), [(0, 2), (7, 1)])
 def test_qk_norm_rope_reads_one_table_row_for_every_batch_row(start: int, length: int) -> None:
     """The code predictor hands the kernel a slice of one [1, G, D] table expanded over the batch (batch stride

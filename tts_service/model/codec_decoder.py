@@ -65,11 +65,14 @@ class CausalConv1d(_Stateful):
     def state_shape(self) -> tuple[int, int] | None:
         return (self.conv.in_channels, self.history) if self.history else None
 
-    def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, states: ConvStates, activation: SnakeBeta | None = None) -> torch.Tensor:
+        """conv(activation(x)) (conv(x) without one), carrying the history across calls."""
         if not self.history:
-            return self.conv(x)
+            return self.conv(x if activation is None else activation(x))
         past = states[self.slot]
         # A fresh state is zeros, which is exactly the zero left-padding of a one-shot decode.
+        if activation is not None:
+            return self.conv(activation.after_history(x, past))
         extended = torch.cat((past, x), dim=-1)
         past.copy_(extended[..., extended.shape[-1] - self.history:])
         return self.conv(extended)
@@ -114,16 +117,20 @@ class CausalConvTranspose1d(_Stateful):
             self._phases_key = key
         return self._phases
 
-    def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, states: ConvStates, activation: SnakeBeta | None = None) -> torch.Tensor:
+        """The transposed convolution of activation(x) (of x without one), carrying the last input frame."""
         batch, _, num_steps = x.shape
         out_channels, stride = self.conv.out_channels, self.stride
         if self.overlap:
             previous = states[self.slot]
-            extended = torch.cat((previous, x), dim=-1)
-            previous.copy_(x[..., -1:])
+            if activation is not None:
+                extended = activation.after_history(x, previous)
+            else:
+                extended = torch.cat((previous, x), dim=-1)
+                previous.copy_(x[..., -1:])
             y = F.conv1d(extended, self.phase_weight())  # [B, out * stride, T]
         else:  # no tap reaches back: the current input's alone
-            y = F.conv1d(x, self.phase_weight()[..., 1:])
+            y = F.conv1d(x if activation is None else activation(x), self.phase_weight()[..., 1:])
         y = y.view(batch, out_channels, stride, num_steps).transpose(2, 3).reshape(batch, out_channels, -1)
         return y + self.conv.bias[:, None]
 
@@ -141,6 +148,14 @@ class SnakeBeta(nn.Module):
         if self.is_fused:
             return fused_ops.snake_beta(x, self.alpha, self.beta)
         return fused_ops.snake_beta_eager(x, self.alpha, self.beta)
+
+    def after_history(self, x: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """[history | self(x)] along time, with `history` [B, C, H] advanced in place to its last H columns."""
+        if self.is_fused:
+            return fused_ops.snake_beta_after_history(x, self.alpha, self.beta, history)
+        extended = torch.cat((history, self(x)), dim=-1)
+        history.copy_(extended[..., extended.shape[-1] - history.shape[-1]:])
+        return extended
 
 
 class ConvNeXtBlock(nn.Module):
@@ -167,8 +182,8 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1)
 
     def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
-        h = self.conv1(self.act1(x), states)
-        return x + self.conv2(self.act2(h), states)
+        h = self.conv1(x, states, self.act1)
+        return x + self.conv2(h, states, self.act2)
 
 
 class DecoderBlock(nn.Module):
@@ -183,8 +198,10 @@ class DecoderBlock(nn.Module):
         ])
 
     def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
-        for layer in self.block:
-            x = layer(x, states)
+        activation, upsample, *units = self.block
+        x = upsample(x, states, activation)
+        for unit in units:
+            x = unit(x, states)
         return x
 
 
@@ -281,10 +298,18 @@ class _Attention(nn.Module):
         # `position - window + j`, whatever the row's position is, so no per-row indexing is needed.
         past_keys.copy_(keys[:, :, length:])
         past_values.copy_(values[:, :, length:])
-        out = F.scaled_dot_product_attention(apply_rope(q, cos, sin), repeat_kv(keys, self.num_heads),
-                                             repeat_kv(values, self.num_heads), attn_mask=mask,
-                                             scale=self.head_dim ** -0.5)
+        out = _window_attention(apply_rope(q, cos, sin), repeat_kv(keys, self.num_heads),
+                                repeat_kv(values, self.num_heads), mask, self.head_dim ** -0.5)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+def _window_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Softmax attention as plain batched matmuls. A chunk has a few queries per row against the window's
+    ~72 keys: the fused kernels tile 64 queries per head and row, so at 128 rows and one query SDPA took
+    ~150 us a layer on an H100 where these matmuls take a few. Every query sees at least its own key."""
+    scores = torch.matmul(query, keys.transpose(-1, -2)) * scale
+    return torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), values)
 
 
 class _TransformerLayer(nn.Module):
@@ -404,9 +429,10 @@ class CodecDecoder(nn.Module):
         for stage in self.upsample:
             for layer in stage:
                 h = layer(h, convs)
-        for layer in self.decoder:
-            h = layer(h, convs)
-        return h.clamp(min=-1.0, max=1.0)
+        *stages, activation, last = self.decoder
+        for stage in stages:
+            h = stage(h, convs)
+        return last(h, convs, activation).clamp(min=-1.0, max=1.0)
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, Q, T] -> waveform [B, 1, T * samples_per_frame], decoded in one shot."""

@@ -30,6 +30,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SILU_BLOCK = 1024
 _SNAKE_BLOCK = 1024
+# The longest history a causal convolution of the codec keeps (kernel 7, dilation 9: 54 columns) fits one block.
+_MAX_HISTORY = 256
 
 
 # The eager reference chains (also the path wherever the kernels do not apply).
@@ -166,13 +168,42 @@ def snake_beta(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor)
     if not (_is_kernel_tensor(x) and x.dim() == 3 and x.is_contiguous() and x.dtype == log_alpha.dtype
             == log_beta.dtype):
         return snake_beta_eager(x, log_alpha, log_beta)
-    batch, channels, length = x.shape
     out = torch.empty_like(x)
+    _launch_snake_beta(x, log_alpha, log_beta, out, x)
+    return out
+
+
+def snake_beta_after_history(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
+                             history: torch.Tensor) -> torch.Tensor:
+    """[history | snake(x)] along time, as a causal convolution reads its input, with `history` [B, C, H]
+    advanced in place to the last H columns of that. The activation writes straight after the history instead of
+    into a tensor of its own that a concatenation then copies: at the codec's 24 kHz stages those are its
+    largest tensors. The values are snake_beta's, bit for bit."""
+    size = history.shape[-1]
+    if not (_is_kernel_tensor(x) and x.dim() == 3 and x.is_contiguous() and history.is_contiguous()
+            and x.dtype == log_alpha.dtype == log_beta.dtype == history.dtype and 0 < size <= _MAX_HISTORY):
+        extended = torch.cat((history, snake_beta(x, log_alpha, log_beta)), dim=-1)
+        history.copy_(extended[..., extended.shape[-1] - size:])
+        return extended
+    batch, channels, length = x.shape
+    extended = torch.empty(batch, channels, size + length, dtype=x.dtype, device=x.device)
+    _launch_snake_beta(x, log_alpha, log_beta, extended, history)
+    _advance_history_kernel[(batch * channels,)](extended, history, length, size,
+                                                 BLOCK=triton.next_power_of_2(size), num_warps=1)
+    return extended
+
+
+def _launch_snake_beta(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor, out: torch.Tensor,
+                       history: torch.Tensor) -> None:
+    """snake(x) into the last columns of each row of `out`; the columns before them get `history`'s row (none
+    when `out` is as wide as x)."""
+    batch, channels, length = x.shape
+    size = out.shape[-1] - length
     grid = (batch * channels, triton.cdiv(length, _SNAKE_BLOCK))
     # No fused multiply-adds: the eager chain rounds the product before the sum.
-    _snake_beta_kernel[grid](x, log_alpha, log_beta, out, channels, length, BLOCK=_SNAKE_BLOCK, num_warps=4,
+    _snake_beta_kernel[grid](x, log_alpha, log_beta, out, history, channels, length, size, BLOCK=_SNAKE_BLOCK,
+                             HISTORY_BLOCK=triton.next_power_of_2(size) if size else 0, num_warps=4,
                              enable_fp_fusion=False)
-    return out
 
 
 def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
@@ -257,8 +288,17 @@ if HAS_TRITON:
         tl.store(out_ptr + row * width + cols, (activated * up).to(dtype), mask=mask)
 
     @triton.jit
-    def _snake_beta_kernel(x_ptr, log_alpha_ptr, log_beta_ptr, out_ptr, channels, length, BLOCK: tl.constexpr):
+    def _snake_beta_kernel(x_ptr, log_alpha_ptr, log_beta_ptr, out_ptr, history_ptr, channels, length, history_size,
+                           BLOCK: tl.constexpr, HISTORY_BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
+        out_row = out_ptr + row * (history_size + length)
+        # Nested: the outer test is settled at compile time, so no empty arange is built without a history.
+        if HISTORY_BLOCK > 0:  # noqa: SIM102
+            if tl.program_id(1) == 0:
+                held = tl.arange(0, HISTORY_BLOCK)
+                is_held = held < history_size
+                tl.store(out_row + held, tl.load(history_ptr + row * history_size + held, mask=is_held),
+                         mask=is_held)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < length
         channel = row % channels
@@ -271,5 +311,13 @@ if HAS_TRITON:
         x = tl.load(x_ptr + row * length + cols, mask=mask, other=0.0).to(tl.float32)
         wave = libdevice.sin((x * frequency).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
         squared = (wave * wave).to(dtype).to(tl.float32)
-        tl.store(out_ptr + row * length + cols, (x + (inverse * squared).to(dtype).to(tl.float32)).to(dtype),
+        tl.store(out_row + history_size + cols, (x + (inverse * squared).to(dtype).to(tl.float32)).to(dtype),
                  mask=mask)
+
+    @triton.jit
+    def _advance_history_kernel(extended_ptr, history_ptr, length, history_size, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        held = tl.arange(0, BLOCK)
+        is_held = held < history_size
+        latest = tl.load(extended_ptr + row * (history_size + length) + length + held, mask=is_held)
+        tl.store(history_ptr + row * history_size + held, latest, mask=is_held)
