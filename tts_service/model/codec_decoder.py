@@ -31,7 +31,8 @@ class CodecStreamState:
     """Per-row decoder state; every tensor has the batch dimension first and a fixed shape."""
 
     position: torch.Tensor  # [B] int64: frames already decoded
-    keys: torch.Tensor  # [B, layers, kv_heads, window, head_dim]: rotated keys of the last `window` frames
+    # Rotated keys and the values of the last `window` frames, as rings: frame p is in slot p % window.
+    keys: torch.Tensor  # [B, layers, kv_heads, window, head_dim]
     values: torch.Tensor  # [B, layers, kv_heads, window, head_dim]
     conv: ConvStates  # per stateful convolution: [B, channels, history]
 
@@ -286,30 +287,38 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                past_keys: torch.Tensor, past_values: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden]; past_* [B, KV, window, D] hold the previous `window` frames, oldest first."""
+                held_keys: torch.Tensor, held_values: torch.Tensor, write_slots: torch.Tensor) -> torch.Tensor:
+        """x [B, T, hidden]; held_* [B, KV, window, D] are the rings of the previous `window` frames; the chunk's
+        last min(T, window) frames go to `write_slots` [B, min(T, window)] once every query has attended."""
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        keys = torch.cat((past_keys, apply_rope(k, cos, sin)), dim=2)
-        values = torch.cat((past_values, v), dim=2)
-        # Shifting the window by the chunk length keeps every row's slot j at position
-        # `position - window + j`, whatever the row's position is, so no per-row indexing is needed.
-        past_keys.copy_(keys[:, :, length:])
-        past_values.copy_(values[:, :, length:])
-        out = _window_attention(apply_rope(q, cos, sin), repeat_kv(keys, self.num_heads),
-                                repeat_kv(values, self.num_heads), mask, self.head_dim ** -0.5)
+        k = apply_rope(k, cos, sin)
+        out = _window_attention(apply_rope(q, cos, sin), held_keys, held_values, k, v, mask,
+                                self.head_dim ** -0.5)
+        # Written after attending: the chunk's earlier queries still see the frames these overwrite.
+        kept = write_slots.shape[1]
+        index = write_slots[:, None, :, None].expand(-1, self.num_kv_heads, -1, self.head_dim)
+        held_keys.scatter_(2, index, k[:, :, length - kept:])
+        held_values.scatter_(2, index, v[:, :, length - kept:])
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
 
-def _window_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                      scale: float) -> torch.Tensor:
-    """Softmax attention as plain batched matmuls. A chunk has a few queries per row against the window's
-    ~72 keys: the fused kernels tile 64 queries per head and row, so at 128 rows and one query SDPA took
-    ~150 us a layer on an H100 where these matmuls take a few. Every query sees at least its own key."""
-    scores = torch.matmul(query, keys.transpose(-1, -2)) * scale
-    return torch.matmul(scores.masked_fill(~mask, float("-inf")).softmax(dim=-1), values)
+def _window_attention(query: torch.Tensor, held_keys: torch.Tensor, held_values: torch.Tensor, keys: torch.Tensor,
+                      values: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Softmax attention over the held window and the chunk's own frames, as plain batched matmuls over the two
+    parts: nothing concatenates the window (at 128 rows, 38 MB a layer in fp32). A chunk has a few queries per
+    row against ~72 keys, where SDPA's fused kernels tile 64 queries per head and row (~150 us a layer at 128
+    rows and one query on an H100). `mask` [B, 1, T, window + T]; every query sees at least its own frame."""
+    num_heads = query.shape[1]
+    held_keys, held_values = repeat_kv(held_keys, num_heads), repeat_kv(held_values, num_heads)
+    keys, values = repeat_kv(keys, num_heads), repeat_kv(values, num_heads)
+    scores = torch.cat((torch.matmul(query, held_keys.transpose(-1, -2)),
+                        torch.matmul(query, keys.transpose(-1, -2))), dim=-1) * scale
+    probabilities = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    window = held_keys.shape[2]
+    return torch.matmul(probabilities[..., :window], held_values) + torch.matmul(probabilities[..., window:], values)
 
 
 class _TransformerLayer(nn.Module):
@@ -323,8 +332,8 @@ class _TransformerLayer(nn.Module):
         self.mlp_layer_scale = _LayerScale(config.hidden_size, config.layer_scale_initial_scale)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                past_keys: torch.Tensor, past_values: torch.Tensor) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(x), cos, sin, mask, past_keys, past_values)
+                held_keys: torch.Tensor, held_values: torch.Tensor, write_slots: torch.Tensor) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, mask, held_keys, held_values, write_slots)
         x = x + self.self_attn_layer_scale(attended)
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
@@ -349,18 +358,21 @@ class PreTransformer(nn.Module):
     def forward(self, x: torch.Tensor, position: torch.Tensor, keys: torch.Tensor,
                 values: torch.Tensor) -> torch.Tensor:
         """x [B, T, latent] for frames starting at each row's `position` [B]; keys/values as in the state."""
-        length = x.shape[1]
-        offsets = torch.arange(-self.window, length, device=x.device)
-        key_positions = position[:, None] + offsets  # [B, window + T]
-        query_positions = key_positions[:, self.window:]  # [B, T]
+        length, window = x.shape[1], self.window
+        query_positions = position[:, None] + torch.arange(length, device=x.device)  # [B, T]
+        # Ring slot s holds the latest earlier frame congruent to s modulo the window (negative: none yet).
+        slots = torch.arange(window, device=x.device)
+        held_positions = position[:, None] - window + torch.remainder(slots[None, :] - position[:, None], window)
+        key_positions = torch.cat((held_positions, query_positions), dim=1)  # [B, window + T]
         distance = query_positions[:, :, None] - key_positions[:, None, :]
         # Key k is visible from query q when 0 <= q - k < window and k is a real frame (not before the start).
-        mask = (distance >= 0) & (distance < self.window) & (key_positions[:, None, :] >= 0)
+        mask = (distance >= 0) & (distance < window) & (key_positions[:, None, :] >= 0)
+        write_slots = torch.remainder(query_positions[:, max(0, length - window):], window)
         # RoPE angles in fp32 as the reference does, then cast to the compute dtype.
         cos, sin = rope_cos_sin(self.inv_freq, query_positions, x.dtype)
         h = self.input_proj(x)
         for index, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, mask[:, None], keys[:, index], values[:, index])
+            h = layer(h, cos, sin, mask[:, None], keys[:, index], values[:, index], write_slots)
         return self.output_proj(self.norm(h))
 
 

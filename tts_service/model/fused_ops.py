@@ -32,6 +32,8 @@ _SILU_BLOCK = 1024
 _SNAKE_BLOCK = 1024
 # The longest history a causal convolution of the codec keeps (kernel 7, dilation 9: 54 columns) fits one block.
 _MAX_HISTORY = 256
+# Rows of history one program advances: a row is at most a few hundred bytes, too little for a program alone.
+_HISTORY_ROWS = 64
 
 
 # The eager reference chains (also the path wherever the kernels do not apply).
@@ -188,8 +190,10 @@ def snake_beta_after_history(x: torch.Tensor, log_alpha: torch.Tensor, log_beta:
     batch, channels, length = x.shape
     extended = torch.empty(batch, channels, size + length, dtype=x.dtype, device=x.device)
     _launch_snake_beta(x, log_alpha, log_beta, extended, history)
-    _advance_history_kernel[(batch * channels,)](extended, history, length, size,
-                                                 BLOCK=triton.next_power_of_2(size), num_warps=1)
+    rows = batch * channels
+    _advance_history_kernel[(triton.cdiv(rows, _HISTORY_ROWS),)](extended, history, rows, length, size,
+                                                                  ROWS=_HISTORY_ROWS,
+                                                                  BLOCK=triton.next_power_of_2(size), num_warps=4)
     return extended
 
 
@@ -315,9 +319,10 @@ if HAS_TRITON:
                  mask=mask)
 
     @triton.jit
-    def _advance_history_kernel(extended_ptr, history_ptr, length, history_size, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        held = tl.arange(0, BLOCK)
-        is_held = held < history_size
-        latest = tl.load(extended_ptr + row * (history_size + length) + length + held, mask=is_held)
-        tl.store(history_ptr + row * history_size + held, latest, mask=is_held)
+    def _advance_history_kernel(extended_ptr, history_ptr, num_rows, length, history_size, ROWS: tl.constexpr,
+                                BLOCK: tl.constexpr):
+        rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
+        held = tl.arange(0, BLOCK)[None, :]
+        mask = (rows < num_rows) & (held < history_size)
+        latest = tl.load(extended_ptr + rows * (history_size + length) + length + held, mask=mask)
+        tl.store(history_ptr + rows * history_size + held, latest, mask=mask)
