@@ -6,9 +6,11 @@ import math
 from dataclasses import fields
 
 import pytest
+import torch
 
 from tts_service.api.config import ServerConfig
 from tts_service.engine.config import PROMPT_OVERHEAD_POSITIONS, EngineConfig
+from tts_service.engine.engine import Engine
 
 FRAME_RATE_HZ = 12.5
 
@@ -47,3 +49,15 @@ def test_the_servers_flags_default_to_the_engines_defaults() -> None:
 def test_invalid_settings_are_refused_with_their_name(settings: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(reversed(settings)))):
         EngineConfig(**settings)
+
+
+def test_engine_load_builds_the_codec_decoder_in_the_configured_dtype() -> None:
+    engine = Engine.load("random:tiny-custom_voice", "cpu", EngineConfig(max_running=2, codec_dtype="bfloat16"))
+    assert engine.runner.model.codec_decoder.pre_conv.conv.weight.dtype == torch.bfloat16
+    assert engine.runner.codec_state.keys.dtype == torch.bfloat16
+    assert engine.runner.model.talker.codec_head.weight.dtype == torch.float32
+
+
+def test_an_unknown_codec_dtype_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"EngineConfig\.codec_dtype must be one of float32, bfloat16"):
+        EngineConfig(codec_dtype="float16")

@@ -97,6 +97,14 @@ def test_a_new_streams_first_frames_are_decoded_in_their_step_only_when_asked() 
         load_config(["--first-frames-in-their-step", "-1"], {})
 
 
+def test_the_codec_decoder_stays_fp32_unless_bf16_is_asked_for() -> None:
+    assert load_config([], {}).engine_config().codec_dtype == "float32"
+    assert load_config(["--codec-dtype", "bfloat16"], {}).engine_config().codec_dtype == "bfloat16"
+    assert load_config([], {"QWEN3_TTS_CODEC_DTYPE": "BFloat16"}).codec_dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="--codec-dtype: must be one of float32, bfloat16, got 'float16'"):
+        load_config(["--codec-dtype", "float16"], {})
+
+
 def test_the_server_command_sets_the_gil_switch_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     from tts_service.api import main as server_main
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from observability.logs import LOG_FORMATS
-from tts_service.engine.config import EngineConfig
+from tts_service.engine.config import CODEC_DTYPES, EngineConfig
 from tts_service.model.sources import DEFAULT_MODEL
 
 ENV_PREFIX = "QWEN3_TTS_"
@@ -77,6 +77,7 @@ class ServerConfig:
     # A new stream's first frames decoded each in the step that made it (earlier first audio, less throughput);
     # 0: in the next step's batched codec call.
     first_frames_in_their_step: int = _ENGINE.num_first_frames_in_their_step
+    codec_dtype: str = _ENGINE.codec_dtype  # "float32" or "bfloat16" (faster; the reference's own bf16 error)
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
     max_unread_audio_seconds: float = _ENGINE.max_unread_audio_s
@@ -127,6 +128,8 @@ class ServerConfig:
                  f"must be in (0, 1000], got {self.gil_switch_interval_ms}")
         _require(self.drain_timeout_seconds >= 0, "drain_timeout_seconds",
                  f"must be >= 0, got {self.drain_timeout_seconds}")
+        _require(self.codec_dtype in CODEC_DTYPES, "codec_dtype",
+                 f"must be one of {', '.join(CODEC_DTYPES)}, got {self.codec_dtype!r}")
         _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
         _require(self.log_format in LOG_FORMATS, "log_format", f"must be one of {', '.join(LOG_FORMATS)}")
         _require((self.tls_cert is None) == (self.tls_key is None), "tls_cert",
@@ -169,6 +172,7 @@ class ServerConfig:
                             max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks,
                             profile_steps=self.profile_steps,
                             num_first_frames_in_their_step=self.first_frames_in_their_step,
+                            codec_dtype=self.codec_dtype,
                             voice_store_dir=self.voice_store,
                             max_voices=self.max_voices, max_voices_per_owner=self.max_voices_per_caller,
                             max_voice_bytes=self.max_voice_bytes)
@@ -219,6 +223,9 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                                            "it, in a small codec call of their own, while no playing stream is "
                                            "short of audio: earlier first audio, less throughput; 0 (the "
                                            "default): in the next step's batched codec call")
+    add("codec-dtype", str.lower, "the codec decoder's dtype: float32 (default) or bfloat16, faster under load; "
+                                  "its waveform then moves about as far from fp32 as the reference's own bf16 "
+                                  "decoder's does")
     add("max-waiting", int, "queued requests beyond which new ones get RESOURCE_EXHAUSTED")
     add("max-message-bytes", int, "largest request message accepted")
     add("max-reference-audio-seconds", float, "longest voice-cloning reference recording")

@@ -19,6 +19,8 @@ PROMPT_OVERHEAD_POSITIONS = 64
 # a request of such text that does not fit is refused as too large, never cut.
 _TEXT_TOKENS_PER_CHAR = 1
 
+CODEC_DTYPES = ("float32", "bfloat16")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -59,6 +61,9 @@ class EngineConfig:
     num_first_frames_in_their_step: int = 0
     max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
     # -- graphs and kernels --
+    # The codec decoder's dtype: "float32", or "bfloat16", which is faster under load and whose waveform moves
+    # from fp32 about as far as the reference's own bf16 decoder does (BENCHMARKS.md, "codec fidelity").
+    codec_dtype: str = "float32"
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
     prefill_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     prefill_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256)
@@ -84,6 +89,7 @@ class EngineConfig:
         _require(self.max_positions_per_request is None or self.max_positions_per_request >= 1,
                  "max_positions_per_request", ">= 1")
         _require(self.num_first_frames_in_their_step >= 0, "num_first_frames_in_their_step", ">= 0")
+        _require(self.codec_dtype in CODEC_DTYPES, "codec_dtype", f"one of {', '.join(CODEC_DTYPES)}")
 
     @property
     def num_runner_slots(self) -> int:

@@ -52,14 +52,16 @@ class LoadOptions:
     device: torch.device
     dtype: torch.dtype
     load_codec_encoder: bool = True
-    # The codec decoder stays fp32 by default: in bf16 its waveform drifts by up to ~0.09 from fp32
-    # (measured on random weights), which is audible; it is a small share of the step's time.
+    # The codec decoder stays fp32 by default: in bf16 its waveform moves by up to ~0.08 from fp32 on random
+    # weights, as the reference's own does in bf16 (BENCHMARKS.md, "codec fidelity"); bf16 is an opt-in.
     codec_decoder_dtype: torch.dtype = torch.float32
 
     @classmethod
-    def default_for(cls, device: str | torch.device) -> LoadOptions:
+    def default_for(cls, device: str | torch.device, codec_decoder_dtype: str = "float32") -> LoadOptions:
+        """bf16 on CUDA and fp32 elsewhere; the codec decoder in `codec_decoder_dtype` ("float32" or "bfloat16")."""
         device = torch.device(device)
-        return cls(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+        return cls(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+                   codec_decoder_dtype=getattr(torch, codec_decoder_dtype))
 
 
 @dataclass
