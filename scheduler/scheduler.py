@@ -118,10 +118,6 @@ class SchedulerConfig:
     max_positions_per_request: int | None = None
     # A new stream's first frames are decoded in the step that makes each (schedule step 5); 0: none.
     num_first_frames_in_their_step: int = 0
-    # A step that admits requests leaves out the codec work of streams at least this far ahead of their playback
-    # (their frames wait a step), so that the new requests' first frames, and so their first audio, come sooner;
-    # inf: never.
-    min_slack_to_defer_codec_s: float = math.inf
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_waiting", "max_prefill_positions_per_step", "block_size",
@@ -133,8 +129,6 @@ class SchedulerConfig:
                              f"got {self.num_first_frames_in_their_step!r}")
         if not (self.codec_chunk_schedule and all(map(_is_positive_int, self.codec_chunk_schedule))):
             raise ValueError(f"codec_chunk_schedule must be positive ints, got {self.codec_chunk_schedule!r}")
-        if not self.min_slack_to_defer_codec_s > 0:
-            raise ValueError(f"min_slack_to_defer_codec_s must be > 0, got {self.min_slack_to_defer_codec_s}")
         if not math.isfinite(self.min_playback_slack_s):
             raise ValueError(f"min_playback_slack_s must be finite, got {self.min_playback_slack_s}")
         if not (math.isfinite(self.frame_duration_s) and self.frame_duration_s > 0):
@@ -291,7 +285,7 @@ class Scheduler:
         if not preempted:
             prefills, preempted = self._admit(now, num_decodes=len(decodes), is_at_risk=is_at_risk)
             freed += preempted
-        codec_chunks = self._plan_codec_chunks(now, defers_streams_ahead=bool(prefills))
+        codec_chunks = self._plan_codec_chunks()
         if not is_at_risk:
             codec_chunks += self._plan_step_frame_chunks((*decodes, *prefills))
         output = SchedulerOutput(
@@ -509,13 +503,11 @@ class Scheduler:
 
     # Step 5: codec chunks.
 
-    def _plan_codec_chunks(self, now: float, defers_streams_ahead: bool) -> list[CodecChunk]:
+    def _plan_codec_chunks(self) -> list[CodecChunk]:
         chunks: list[CodecChunk] = []
         for request in (*self._admitted, *self._finished):
             if request.is_finished and (request.finish_reason is FinishReason.ERROR
                                         or request.is_final_chunk_scheduled):
-                continue
-            if defers_streams_ahead and not request.is_finished and self._is_far_ahead(request, now):
                 continue
             sizes = plan_chunk_sizes(self.config.codec_chunk_schedule, request.num_codec_chunks,
                                      request.num_frames_pending_codec, is_end_of_stream=request.is_finished)
@@ -527,10 +519,6 @@ class Scheduler:
                 request.num_codec_chunks += 1
             request.is_final_chunk_scheduled = request.is_finished
         return chunks
-
-    def _is_far_ahead(self, request: Request, now: float) -> bool:
-        slack = request.playback_slack_s(now, self.config.frame_duration_s)
-        return slack is not None and slack >= self.config.min_slack_to_defer_codec_s
 
     def _plan_step_frame_chunks(self, items: tuple[DecodeItem | PrefillItem, ...]) -> list[CodecChunk]:
         """A chunk for the frame this step makes, for each scheduled request among its first frames."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -96,14 +95,6 @@ def test_a_new_streams_first_frames_are_decoded_in_their_step_only_when_asked() 
     assert load_config([], {"QWEN3_TTS_FIRST_FRAMES_IN_THEIR_STEP": "5"}).first_frames_in_their_step == 5
     with pytest.raises(ConfigError, match="--first-frames-in-their-step: must be >= 0"):
         load_config(["--first-frames-in-their-step", "-1"], {})
-
-
-def test_admission_steps_leave_out_no_audio_unless_a_slack_is_given() -> None:
-    assert load_config([], {}).engine_config().min_slack_to_defer_codec_s == math.inf
-    config = load_config(["--defer-codec-when-ahead-seconds", "1.5"], {})
-    assert config.engine_config().min_slack_to_defer_codec_s == 1.5
-    with pytest.raises(ConfigError, match="--defer-codec-when-ahead-seconds: must be > 0"):
-        load_config(["--defer-codec-when-ahead-seconds", "0"], {})
 
 
 def test_the_codec_decoder_stays_fp32_unless_bf16_is_asked_for() -> None:

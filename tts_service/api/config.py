@@ -77,8 +77,6 @@ class ServerConfig:
     # A new stream's first frames decoded each in the step that made it (earlier first audio, less throughput);
     # 0: in the next step's batched codec call.
     first_frames_in_their_step: int = _ENGINE.num_first_frames_in_their_step
-    # Admission steps leave out the audio of streams at least this many seconds ahead; inf: never.
-    defer_codec_when_ahead_seconds: float = _ENGINE.min_slack_to_defer_codec_s
     codec_dtype: str = _ENGINE.codec_dtype  # "float32" or "bfloat16" (faster; the reference's own bf16 error)
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
@@ -130,8 +128,6 @@ class ServerConfig:
                  f"must be in (0, 1000], got {self.gil_switch_interval_ms}")
         _require(self.drain_timeout_seconds >= 0, "drain_timeout_seconds",
                  f"must be >= 0, got {self.drain_timeout_seconds}")
-        _require(self.defer_codec_when_ahead_seconds > 0, "defer_codec_when_ahead_seconds",
-                 f"must be > 0 (inf: never), got {self.defer_codec_when_ahead_seconds}")
         _require(self.codec_dtype in CODEC_DTYPES, "codec_dtype",
                  f"must be one of {', '.join(CODEC_DTYPES)}, got {self.codec_dtype!r}")
         _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
@@ -177,7 +173,6 @@ class ServerConfig:
                             profile_steps=self.profile_steps,
                             num_first_frames_in_their_step=self.first_frames_in_their_step,
                             codec_dtype=self.codec_dtype,
-                            min_slack_to_defer_codec_s=self.defer_codec_when_ahead_seconds,
                             voice_store_dir=self.voice_store,
                             max_voices=self.max_voices, max_voices_per_owner=self.max_voices_per_caller,
                             max_voice_bytes=self.max_voice_bytes)
@@ -228,9 +223,6 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                                            "it, in a small codec call of their own, while no playing stream is "
                                            "short of audio: earlier first audio, less throughput; 0 (the "
                                            "default): in the next step's batched codec call")
-    add("defer-codec-when-ahead-seconds", float, "a step that admits requests leaves out the audio of streams "
-                                                 "at least this many seconds ahead of playback (decoded a step "
-                                                 "later), so first audio comes sooner; inf (the default): never")
     add("codec-dtype", str.lower, "the codec decoder's dtype: float32 (default) or bfloat16, faster under load; "
                                   "its waveform then moves about as far from fp32 as the reference's own bf16 "
                                   "decoder's does")

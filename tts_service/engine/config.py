@@ -59,10 +59,6 @@ class EngineConfig:
     # none is decoded so while a playing stream's slack is under min_playback_slack_s, which keeps the cost to
     # spare time; N=1 under that rule is not measured yet.
     num_first_frames_in_their_step: int = 0
-    # A step that admits requests leaves out the codec work of streams at least this far ahead of playback (their
-    # frames wait a step, decoded then in a second codec call), so that its prefills' first frames come sooner;
-    # inf: never (BENCHMARKS.md, "deferred codec work").
-    min_slack_to_defer_codec_s: float = math.inf
     max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
     # -- graphs and kernels --
     # The codec decoder's dtype: "float32", or "bfloat16", which is faster under load and whose waveform moves
@@ -93,7 +89,6 @@ class EngineConfig:
         _require(self.max_positions_per_request is None or self.max_positions_per_request >= 1,
                  "max_positions_per_request", ">= 1")
         _require(self.num_first_frames_in_their_step >= 0, "num_first_frames_in_their_step", ">= 0")
-        _require(self.min_slack_to_defer_codec_s > 0, "min_slack_to_defer_codec_s", "> 0 (inf: never)")
         _require(self.codec_dtype in CODEC_DTYPES, "codec_dtype", f"one of {', '.join(CODEC_DTYPES)}")
 
     @property
@@ -129,7 +124,6 @@ class EngineConfig:
             max_prefill_positions_per_step=self.max_prefill_positions_per_step, block_size=self.block_size,
             num_kv_blocks=num_kv_blocks, codec_chunk_schedule=self.codec_chunk_schedule,
             min_playback_slack_s=self.min_playback_slack_s,
-            min_slack_to_defer_codec_s=self.min_slack_to_defer_codec_s,
             max_prefill_positions_at_risk=self.max_prefill_positions_at_risk,
             frame_duration_s=1.0 / frame_rate_hz, max_slots=self.num_runner_slots,
             max_positions_per_request=self.positions_per_request(frame_rate_hz),
