@@ -171,13 +171,15 @@ class ListenerLead:
     """How far a listener who started playing at the first chunk is from running out: audio sent minus audio
     played, at the time of the last chunk."""
 
-    def __init__(self, frame_rate_hz: float) -> None:
+    def __init__(self, frame_rate_hz: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._frame_s = 1.0 / frame_rate_hz
+        self._clock = clock  # the listener's playback clock
         self._first_sent: float | None = None
         self._num_frames = 0
         self.lead_s = 0.0
 
-    def sent(self, num_frames: int, now: float) -> None:
+    def sent(self, num_frames: int) -> None:
+        now = self._clock()
         if self._first_sent is None:
             self._first_sent = now
         self._num_frames += num_frames
@@ -433,7 +435,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                 if profile is not None:  # the yield returns once the front door has written the chunk
                     profile("encode", encoded - started)
                     profile("write", time.perf_counter() - encoded)
-            listener.sent(piece.num_frames, time.monotonic())
+            listener.sent(piece.num_frames)
             is_ahead = listener.lead_s >= self.config.coalesce_when_ahead_seconds
             stream.take_at_least(num_coalesced_frames if is_ahead else 1)
         summary = stream.summary
