@@ -5,15 +5,14 @@ schedule() -> SchedulerOutput -> the engine has it executed -> StepResult -> upd
 The engine executes one SchedulerOutput in this order:
     1. end the requests of the `freed` items that were aborted or failed (their slots may be reused by a
        prefill below: a prefill assigns its slot's decoding state afresh),
-    2. restart the codec stream of every prefill's slot, then run the `codec_chunks` that are not
-       `is_step_frame` in the order given (a request's chunks are consecutive and in frame order), and hand
-       their audio to the listeners at once,
+    2. restart the codec stream of every prefill's slot,
     3. run `prefills` then `decodes` in one runner call (each yields one frame, or EOS),
-    4. run the `is_step_frame` chunks, each the frame its request's prefill or decode made in step 3 (skipped
-       when that frame is EOS or failed), and hand their audio over.
-Other codec chunks only cover frames that existed when the step was scheduled; running them first lets the
-running streams' audio leave without waiting for the step's frames. A new stream has little or no audio to
-play yet, so its first frames are decoded as soon as they exist instead of in the next step's batched call.
+    4. run the `codec_chunks` in the order given (a request's chunks are consecutive and in frame order),
+       batched across requests; an `is_step_frame` chunk ends with the frame its request's prefill or decode
+       made in step 3 and is skipped when that frame is EOS or failed.
+Every chunk runs after the step's frames, so that a frame, a new stream's first one included, reaches the
+codec in the step that made it, in the step's one batched codec call. The engine hands the chunks' audio to
+the listeners while the next step's frames run.
 """
 
 from __future__ import annotations
@@ -54,8 +53,7 @@ class CodecChunk:
     first_frame: int
     num_frames: int  # 0 only for a final chunk whose request had no frames left to decode
     is_final: bool  # the last chunk of the stream: flush the codec, close the audio
-    # The frame this step's prefill or decode makes (one of a new stream's first frames), decoded after the
-    # step's frames.
+    # The chunk ends with the frame this step's prefill or decode makes.
     is_step_frame: bool = False
 
 
@@ -106,19 +104,17 @@ class StepResult:
     """Every prefilled/decoded request's outcome; a request that only ran codec chunks may report an error."""
 
     outcomes: tuple[RequestOutcome, ...]
-    # When the step's codec chunks reached their listeners; None: at update()'s `now`.
-    audio_time: float | None = None
 
     @classmethod
     def for_output(cls, output: SchedulerOutput, eos_ids: Collection[str] = (),
-                   errors: Mapping[str, str] | None = None, audio_time: float | None = None) -> StepResult:
+                   errors: Mapping[str, str] | None = None) -> StepResult:
         """Outcomes for `output`: a frame for every scheduled request unless it is in eos_ids or errors."""
         errors = errors or {}
         scheduled = sorted(output.scheduled_request_ids)
         codec_only_errors = sorted(set(errors) - set(scheduled))
         return cls(tuple(
             RequestOutcome(request_id, is_eos=request_id in eos_ids, error=errors.get(request_id))
-            for request_id in (*scheduled, *codec_only_errors)), audio_time)
+            for request_id in (*scheduled, *codec_only_errors)))
 
     def check_answers(self, output: SchedulerOutput) -> None:
         """Raise ValueError unless this is a complete answer to `output`: a runner bug otherwise

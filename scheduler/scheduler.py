@@ -54,16 +54,16 @@ One schedule() does, in order:
   5. Codec chunks. Each admitted request whose frames not yet sent to the codec reach its next
      chunk size gets a chunk; each request that finished (STOPPED or LENGTH) since the last step
      gets its final chunk with whatever is left (possibly no frames: it still marks end of stream).
-     A request prefilled or decoded this step that has fewer than num_first_frames_in_their_step
-     frames, none of them waiting for the codec, and whose next chunk is one frame, also gets a chunk
-     for the frame this step makes (`is_step_frame`): a new stream's first audio leaves in the step
-     that made it, and its second chunk comes one step after the first, as every later one does, not
-     a step and a half. update() takes such a chunk back when the frame turned out to be EOS or failed.
-     Those small codec calls cost every stream in the step time, so none is planned while a stream's
-     playback is at risk (as in step 4): first audio is bought with spare time only.
+     A request prefilled or decoded this step whose pending frames plus the frame this step makes
+     fill its next chunk gets that chunk now (`is_step_frame`): the engine decodes every chunk after
+     the step's frames, in one batched call, so a frame reaches the codec in the step that made it.
+     With the one-frame chunks the engine uses, that is every frame, and a new stream's first audio
+     leaves at the end of its admission step. update() takes such a chunk back when the frame turned
+     out to be EOS or failed; the frames before it then go out with the final chunk.
 
-update() folds codec-chunk completion in: the chunks of the step it answers count as delivered
-audio at the result's `audio_time` (or `now`), so there is no separate call to forget.
+update() folds codec-chunk completion in: the chunks of the step it answers count as audio delivered
+at `now`, so there is no separate call to forget. (The engine hands a step's audio out while the
+next step's frames run, about one codec call after update(): a stream's slack reads that much high.)
 """
 
 from __future__ import annotations
@@ -116,17 +116,12 @@ class SchedulerConfig:
     max_slots: int | None = None
     # The runner's block-table width, in positions; None means only the whole cache limits a request.
     max_positions_per_request: int | None = None
-    # A new stream's first frames are decoded in the step that makes each (schedule step 5); 0: none.
-    num_first_frames_in_their_step: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_waiting", "max_prefill_positions_per_step", "block_size",
                      "num_kv_blocks", "max_prefill_positions_at_risk"):
             if not _is_positive_int(getattr(self, name)):
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
-        if not (_is_positive_int(self.num_first_frames_in_their_step) or self.num_first_frames_in_their_step == 0):
-            raise ValueError(f"num_first_frames_in_their_step must be an int >= 0, "
-                             f"got {self.num_first_frames_in_their_step!r}")
         if not (self.codec_chunk_schedule and all(map(_is_positive_int, self.codec_chunk_schedule))):
             raise ValueError(f"codec_chunk_schedule must be positive ints, got {self.codec_chunk_schedule!r}")
         if not math.isfinite(self.min_playback_slack_s):
@@ -286,8 +281,7 @@ class Scheduler:
             prefills, preempted = self._admit(now, num_decodes=len(decodes), is_at_risk=is_at_risk)
             freed += preempted
         codec_chunks = self._plan_codec_chunks()
-        if not is_at_risk:
-            codec_chunks += self._plan_step_frame_chunks((*decodes, *prefills))
+        codec_chunks += self._plan_step_frame_chunks((*decodes, *prefills))
         output = SchedulerOutput(
             prefills=tuple(prefills),
             decodes=tuple(decodes),
@@ -310,7 +304,7 @@ class Scheduler:
         self._in_flight = None
         events: list[RequestEvent] = []
         failed_ids: set[str] = set()
-        step_frame_ids = {chunk.request_id for chunk in output.codec_chunks if chunk.is_step_frame}
+        step_frame_ids = {chunk.request_id: chunk.num_frames for chunk in output.codec_chunks if chunk.is_step_frame}
         chunks_taken_back: set[str] = set()
         for outcome in result.outcomes:
             request = self._requests.get(outcome.request_id)
@@ -329,8 +323,9 @@ class Scheduler:
                     self._finish(request, FinishReason.LENGTH)
             is_new_frame = request.num_frames > num_frames_before
             if request.request_id in step_frame_ids and not is_new_frame:
-                # The step made EOS or failed: there was no frame for its chunk to decode.
-                request.num_codec_frames -= 1
+                # The step made EOS or failed: its chunk lacks its last frame. Any frames before it go out
+                # with the final chunk.
+                request.num_codec_frames -= step_frame_ids[request.request_id]
                 request.num_codec_chunks -= 1
                 chunks_taken_back.add(request.request_id)
             events.append(RequestEvent(request.request_id, request.num_frames, is_new_frame=is_new_frame,
@@ -342,7 +337,7 @@ class Scheduler:
                 continue
             request.num_audio_frames += chunk.num_frames
             if request.first_audio_time is None and chunk.num_frames > 0:
-                request.first_audio_time = now if result.audio_time is None else result.audio_time
+                request.first_audio_time = now
         return events
 
     # Step 1: releases.
@@ -521,17 +516,17 @@ class Scheduler:
         return chunks
 
     def _plan_step_frame_chunks(self, items: tuple[DecodeItem | PrefillItem, ...]) -> list[CodecChunk]:
-        """A chunk for the frame this step makes, for each scheduled request among its first frames."""
+        """A chunk ending with the frame this step makes, for each scheduled request whose pending frames and
+        that frame fill its next chunk."""
         chunks: list[CodecChunk] = []
         for item in items:
             request = self._requests[item.request_id]
-            if (request.num_frames >= self.config.num_first_frames_in_their_step
-                    or request.num_frames_pending_codec
-                    or chunk_size(self.config.codec_chunk_schedule, request.num_codec_chunks) != 1):
+            num_frames = request.num_frames_pending_codec + 1
+            if chunk_size(self.config.codec_chunk_schedule, request.num_codec_chunks) != num_frames:
                 continue
-            chunks.append(CodecChunk(request.request_id, item.slot, first_frame=request.num_frames, num_frames=1,
-                                     is_final=False, is_step_frame=True))
-            request.num_codec_frames += 1
+            chunks.append(CodecChunk(request.request_id, item.slot, first_frame=request.num_codec_frames,
+                                     num_frames=num_frames, is_final=False, is_step_frame=True))
+            request.num_codec_frames += num_frames
             request.num_codec_chunks += 1
         return chunks
 

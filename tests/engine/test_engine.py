@@ -16,7 +16,7 @@ from tts_service.eager.generate import GenerationRequest, generate_codes
 from tts_service.eager.synthesize import EagerSynthesizer
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine
-from tts_service.engine.streams import RequestFailed, SynthesisRequest, SynthesisSummary
+from tts_service.engine.streams import RequestFailed, SynthesisRequest
 from tts_service.model.prompts import PromptError, SynthesisInput
 from tts_service.runner.params import GenerationParams, SamplingParams
 
@@ -27,12 +27,10 @@ SPEAKERS = ["ryan", "eric", "serena"]
 
 
 def make_engine(model, *, max_running: int = 4, num_slots: int = 6, num_kv_blocks: int = 128,
-                max_waiting: int = 64, chunk_schedule: tuple[int, ...] = (1, 2, 4), clock=time.monotonic,
-                num_first_frames_in_their_step: int = 0) -> Engine:
+                max_waiting: int = 64, chunk_schedule: tuple[int, ...] = (1, 2, 4), clock=time.monotonic) -> Engine:
     config = EngineConfig(max_running=max_running, num_slots=num_slots, max_waiting=max_waiting, block_size=4,
                           num_kv_blocks=num_kv_blocks, max_positions_per_request=256,
-                          codec_chunk_schedule=chunk_schedule,
-                          num_first_frames_in_their_step=num_first_frames_in_their_step)
+                          codec_chunk_schedule=chunk_schedule)
     return Engine.create(model, config, clock)
 
 
@@ -71,12 +69,12 @@ async def run_all(engine: Engine, requests: list[SynthesisRequest]):
         await engine.stop()
 
 
-@pytest.mark.parametrize("num_first_frames_in_their_step", [0, 2])
+@pytest.mark.parametrize("chunk_schedule", [(1,), (1, 2, 4)])
 def test_concurrent_requests_equal_eager_generation_and_stream_equal_offline_audio(
-        tiny_models, num_first_frames_in_their_step: int) -> None:
+        tiny_models, chunk_schedule: tuple[int, ...]) -> None:
     model = tiny_models["custom_voice"]
     requests = mixed_requests(10)
-    engine = make_engine(model, max_running=3, num_first_frames_in_their_step=num_first_frames_in_their_step)
+    engine = make_engine(model, max_running=3, chunk_schedule=chunk_schedule)
     results = asyncio.run(run_all(engine, [SynthesisRequest(f"r{i}", s, p) for i, (s, p) in enumerate(requests)]))
     for (waveform, summary), want in zip(results, eager_codes(model, requests), strict=True):
         assert summary.finish_reason in (FinishReason.STOPPED, FinishReason.LENGTH)
@@ -92,9 +90,9 @@ def test_concurrent_requests_equal_eager_generation_and_stream_equal_offline_aud
     assert 0 < stats.execute_s <= stats.loop_s
 
 
-@pytest.mark.parametrize("num_first_frames_in_their_step", [0, 2])
+@pytest.mark.parametrize("chunk_schedule", [(1,), (1, 2, 4)])
 def test_preempted_requests_resume_with_identical_codes_and_audio(tiny_models,
-                                                                  num_first_frames_in_their_step: int) -> None:
+                                                                  chunk_schedule: tuple[int, ...]) -> None:
     model = tiny_models["custom_voice"]
     requests = [(s, replace(p, max_new_frames=30, min_new_frames=30)) for s, p in mixed_requests(4)]
     prompts = EagerSynthesizer(model).prompts
@@ -102,7 +100,7 @@ def test_preempted_requests_resume_with_identical_codes_and_audio(tiny_models,
     # Room for the largest request and half of the rest: running all four at once must preempt.
     engine = make_engine(model, max_running=4,
                          num_kv_blocks=max(blocks_needed) + (sum(blocks_needed) - max(blocks_needed)) // 2,
-                         num_first_frames_in_their_step=num_first_frames_in_their_step)
+                         chunk_schedule=chunk_schedule)
     results = asyncio.run(run_all(engine, [SynthesisRequest(f"r{i}", s, p) for i, (s, p) in enumerate(requests)]))
     assert engine.scheduler.num_preemptions_total > 0
     for (waveform, summary), want in zip(results, eager_codes(model, requests), strict=True):
@@ -372,32 +370,45 @@ def test_the_step_profiler_times_every_phase_only_when_it_is_on(tiny_models) -> 
     assert all(seconds > 0 for seconds in phases.values())
     # The device's frame work happens between queueing the step and the end of the wait for its frames.
     assert phases["device_decode"] + phases["device_prefill"] <= phases["launch"] + phases["codec"] + phases["frames"]
-    # Queueing each kind of work is a part of queueing the step.
-    assert sum(phases[name] for name in queueing) <= phases["launch"]
+    # Queueing the frames' work is a part of queueing the step; the codec's is queued after the frames are back.
+    assert sum(phases[name] for name in queueing - {"queue_codec"}) <= phases["launch"]
+    assert phases["queue_codec"] <= phases["launch"] + phases["step_audio"]
 
 
 @pytest.mark.parametrize("max_new_frames", [1, 5])
-def test_a_new_streams_first_audio_leaves_in_the_step_that_made_its_first_frame(tiny_models,
-                                                                                max_new_frames: int) -> None:
+def test_each_step_decodes_the_frames_it_made_in_one_codec_call_after_them(tiny_models, max_new_frames: int) -> None:
     model = tiny_models["custom_voice"]
     params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=max_new_frames,
                               min_new_frames=max_new_frames)
     requests = [SynthesisRequest(f"r{index}", SynthesisInput(text, "auto", "eric"), params)
                 for index, text in enumerate(TEXTS[:3])]
+    engine = make_engine(model, chunk_schedule=(1,))
+    calls: list[tuple[str, object]] = []
+    runner = engine.runner
+    start_step, start_audio = runner.start_step, runner.start_audio
 
-    def run(num_first_frames_in_their_step: int) -> list[tuple[np.ndarray, SynthesisSummary]]:
-        # Playback protection off: on the CPU every step is slower than real time, so every playing stream is
-        # at risk and no first frame would be decoded in its step (the scheduler tests cover that rule).
-        config = EngineConfig(max_running=4, block_size=4, num_kv_blocks=64, max_positions_per_request=256,
-                              codec_chunk_schedule=(1,), num_first_frames_in_their_step=num_first_frames_in_their_step,
-                              min_playback_slack_s=-1e9)
-        return asyncio.run(run_all(Engine.create(model, config), requests))
+    def logged_step(step):
+        pending = start_step(step)
+        result = pending.result
+        pending.result = lambda: calls.append(("frames", result())) or calls[-1][1]
+        return pending
 
-    same_step, next_step = run(2), run(0)
-    for (audio, summary), (later_audio, later_summary) in zip(same_step, next_step, strict=True):
-        # The frame's time is taken once its step is over; the first audio left during that step.
-        assert summary.timeline.first_audio <= summary.timeline.first_frame
-        assert later_summary.timeline.first_audio > later_summary.timeline.first_frame
-        assert torch.equal(torch.from_numpy(summary.codes), torch.from_numpy(later_summary.codes))
-        np.testing.assert_allclose(audio, later_audio, atol=1e-5)
+    def logged_audio(slots, codes):
+        calls.append(("codec", codes.copy()))
+        return start_audio(slots, codes)
+
+    runner.start_step, runner.start_audio = logged_step, logged_audio
+    results = asyncio.run(run_all(engine, requests))
+    # Requests may join in different steps, so there are at least max_new_frames steps; no frame is EOS (they
+    # all stop at the length limit), so each step's frames are followed by one codec call, and nothing else.
+    kinds = [kind for kind, _ in calls]
+    assert len(kinds) >= 2 * max_new_frames and kinds == ["frames", "codec"] * (len(kinds) // 2)
+    for (_, frames), (_, codes) in zip(calls[0::2], calls[1::2], strict=True):
+        # The step's one codec call decodes exactly the frames it made: the running streams', then the new ones'.
+        assert codes.shape[1] == 1
+        assert np.array_equal(codes[:, 0], np.concatenate([frames.decode_frames, frames.prefill_frames]))
+    for audio, summary in results:
+        assert summary.finish_reason is FinishReason.LENGTH
         assert audio.shape == (max_new_frames * model.speech_config.samples_per_frame,)
+        np.testing.assert_allclose(audio, one_shot_audio(model, summary.codes), atol=1e-4)
+        assert summary.timeline.first_frame <= summary.timeline.first_audio

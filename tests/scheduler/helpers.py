@@ -25,7 +25,6 @@ def make_config(**overrides: Any) -> SchedulerConfig:
         "min_playback_slack_s": NO_PLAYBACK_PROTECTION,
         "max_prefill_positions_at_risk": 256,
         "frame_duration_s": 0.08,
-        "num_first_frames_in_their_step": 0,
     }
     settings.update(overrides)
     return SchedulerConfig(**settings)

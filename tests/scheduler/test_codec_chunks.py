@@ -40,15 +40,15 @@ def test_a_40_frame_stream_is_chunked_1_2_4_8_12_12_then_a_final_1_at_the_exact_
         output, _ = run_step(scheduler, now=step * 0.01)
         chunks.extend((step, chunk.first_frame, chunk.num_frames, chunk.is_final)
                       for chunk in output.codec_chunks)
-    # A chunk is cut once its frames exist: frame f is produced by step f + 1, so its chunk is
-    # scheduled the step after. The stream ends at 40 frames (LENGTH); the last 1 frame is flushed.
+    # Frame f is produced by step f + 1, and a chunk is cut in the step that makes its last frame (the codec
+    # runs after the step's frames). The stream ends at 40 frames (LENGTH); the last 1 frame is flushed.
     assert chunks == [
-        (2, 0, 1, False),
-        (4, 1, 2, False),
-        (8, 3, 4, False),
-        (16, 7, 8, False),
-        (28, 15, 12, False),
-        (40, 27, 12, False),
+        (1, 0, 1, False),
+        (3, 1, 2, False),
+        (7, 3, 4, False),
+        (15, 7, 8, False),
+        (27, 15, 12, False),
+        (39, 27, 12, False),
         (41, 39, 1, True),
     ]
     assert not scheduler.has_unfinished_requests
@@ -57,10 +57,11 @@ def test_a_40_frame_stream_is_chunked_1_2_4_8_12_12_then_a_final_1_at_the_exact_
 def test_stream_ending_right_after_a_full_chunk_gets_an_empty_final_chunk() -> None:
     scheduler = Scheduler(make_config(codec_chunk_schedule=SCHEDULE))
     scheduler.add(make_request("a"))
-    for _ in range(3):
-        run_step(scheduler)  # frames 0-2; chunks (0, 1) and, at step 4, (1, 2) below
+    outputs = [run_step(scheduler)[0] for _ in range(3)]  # frames 0-2, each chunk cut in the step of its last
+    assert [[(chunk.first_frame, chunk.num_frames) for chunk in output.codec_chunks]
+            for output in outputs] == [[(0, 1)], [], [(1, 2)]]
     output, _ = run_step(scheduler, eos_ids={"a"})
-    assert [(chunk.first_frame, chunk.num_frames) for chunk in output.codec_chunks] == [(1, 2)]
+    assert output.codec_chunks == ()
     final, _ = run_step(scheduler)
     assert [(chunk.first_frame, chunk.num_frames, chunk.is_final) for chunk in final.codec_chunks] == [
         (3, 0, True)]
@@ -69,26 +70,15 @@ def test_stream_ending_right_after_a_full_chunk_gets_an_empty_final_chunk() -> N
 def test_delivered_chunks_set_first_audio_time_and_count_audio_frames() -> None:
     scheduler = Scheduler(make_config(codec_chunk_schedule=SCHEDULE))
     scheduler.add(make_request("a"))
-    run_step(scheduler, now=1.0)
+    output = scheduler.schedule(1.0)
     request = scheduler.requests["a"]
     assert request.first_audio_time is None
-    run_step(scheduler, now=1.1)  # the first chunk runs in this step
-    assert (request.first_audio_time, request.num_audio_frames) == (1.1, 1)
-    for step in range(2, 4):
-        run_step(scheduler, now=1.0 + step * 0.1)
-    assert (request.first_audio_time, request.num_audio_frames) == (1.1, 3)
-    assert request.playback_slack_s(now=1.3, frame_duration_s=0.08) == pytest.approx(3 * 0.08 - 0.2)
-
-
-def test_first_audio_time_is_when_the_chunks_reached_their_listeners_when_the_result_says() -> None:
-    """The engine hands a step's audio over before its frames finish: that moment, not update()'s, starts playback."""
-    scheduler = Scheduler(make_config(codec_chunk_schedule=SCHEDULE))
-    scheduler.add(make_request("a"))
-    run_step(scheduler, now=1.0)
-    output = scheduler.schedule(1.1)
-    assert output.codec_chunks
-    scheduler.update(StepResult.for_output(output, audio_time=1.12), now=1.2)
-    assert scheduler.requests["a"].first_audio_time == 1.12
+    scheduler.update(StepResult.for_output(output), now=1.05)  # the prefill's frame and its chunk
+    assert (request.first_audio_time, request.num_audio_frames) == (1.05, 1)
+    for step in range(1, 4):
+        run_step(scheduler, now=1.0 + step * 0.1)  # frames 1 and 2 are the second chunk
+    assert (request.first_audio_time, request.num_audio_frames) == (1.05, 3)
+    assert request.playback_slack_s(now=1.3, frame_duration_s=0.08) == pytest.approx(3 * 0.08 - 0.25)
 
 
 def test_frames_pending_at_preemption_are_chunked_after_the_resume() -> None:

@@ -10,14 +10,14 @@ FAST_STEP_S = 0.001
 
 
 def _stream_with_27_frames_of_audio(at_risk_budget: int = 8, **request_options: object) -> Scheduler:
-    """A stream whose 5th chunk (27 frames delivered in all, 2.16 s of audio) ran at step 28."""
+    """A stream whose 5th chunk (27 frames delivered in all, 2.16 s of audio) ran at step 27."""
     scheduler = Scheduler(make_config(min_playback_slack_s=0.5, max_prefill_positions_per_step=1000,
                                       max_prefill_positions_at_risk=at_risk_budget))
     scheduler.add(make_request("stream", **request_options))
     for step in range(1, 29):
         run_step(scheduler, now=step * FAST_STEP_S)
     stream = scheduler.requests["stream"]
-    assert (stream.num_audio_frames, stream.first_audio_time) == (27, 2 * FAST_STEP_S)
+    assert (stream.num_audio_frames, stream.first_audio_time) == (27, FAST_STEP_S)
     return scheduler
 
 

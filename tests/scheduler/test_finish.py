@@ -58,13 +58,12 @@ def test_an_error_finishes_only_the_failing_request() -> None:
     assert all(chunk.request_id != "b" for chunk in output.codec_chunks)
 
 
-def test_codec_error_on_a_parked_request_finishes_it_with_error() -> None:
+def test_a_codec_error_finishes_the_request_with_error() -> None:
     scheduler = Scheduler(make_config(codec_chunk_schedule=(1,)))
-    scheduler.add(make_request("a", is_text_closed=False, num_text_tokens=1))
-    run_step(scheduler)  # frame 0
-    run_step(scheduler)  # frame 1 (text token 0); the codec gets frame 0
-    output = scheduler.schedule(1.0)  # parked now; its frame 1 goes to the codec
-    assert ids(output.decodes) == [] and ids(output.codec_chunks) == ["a"]
+    scheduler.add(make_request("a"))
+    run_step(scheduler)  # frame 0, decoded in its step
+    output = scheduler.schedule(1.0)  # frame 1, and its chunk
+    assert ids(output.decodes) == ["a"] and ids(output.codec_chunks) == ["a"]
     scheduler.update(StepResult((RequestOutcome("a", error="codec failed"),)), 1.0)
     assert scheduler.requests["a"].finish_reason is FinishReason.ERROR
     assert scheduler.requests["a"].num_audio_frames == 1  # the failed chunk's audio does not count

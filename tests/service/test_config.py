@@ -89,14 +89,6 @@ def test_the_step_profiler_is_off_unless_a_flag_or_the_environment_turns_it_on()
         load_config([], {"QWEN3_TTS_PROFILE_STEPS": "maybe"})
 
 
-def test_a_new_streams_first_frames_are_decoded_in_their_step_only_when_asked() -> None:
-    assert load_config([], {}).engine_config().num_first_frames_in_their_step == 0
-    assert load_config(["--first-frames-in-their-step", "1"], {}).engine_config().num_first_frames_in_their_step == 1
-    assert load_config([], {"QWEN3_TTS_FIRST_FRAMES_IN_THEIR_STEP": "5"}).first_frames_in_their_step == 5
-    with pytest.raises(ConfigError, match="--first-frames-in-their-step: must be >= 0"):
-        load_config(["--first-frames-in-their-step", "-1"], {})
-
-
 def test_the_codec_decoder_stays_fp32_unless_bf16_is_asked_for() -> None:
     assert load_config([], {}).engine_config().codec_dtype == "float32"
     assert load_config(["--codec-dtype", "bfloat16"], {}).engine_config().codec_dtype == "bfloat16"

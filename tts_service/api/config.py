@@ -74,9 +74,6 @@ class ServerConfig:
     max_voices_per_caller: int = _ENGINE.max_voices_per_owner  # registered voices of one caller (API key)
     max_voice_bytes: int = _ENGINE.max_voice_bytes  # one registered voice, as stored
     profile_steps: bool = _ENGINE.profile_steps  # the step profiler: phase times into the metrics
-    # A new stream's first frames decoded each in the step that made it (earlier first audio, less throughput);
-    # 0: in the next step's batched codec call.
-    first_frames_in_their_step: int = _ENGINE.num_first_frames_in_their_step
     codec_dtype: str = _ENGINE.codec_dtype  # "float32" or "bfloat16" (faster; the reference's own bf16 error)
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
@@ -122,8 +119,6 @@ class ServerConfig:
                      "stream_idle_timeout_seconds", "max_unread_audio_seconds", "coalesce_when_ahead_seconds",
                      "coalesced_message_seconds"):
             _require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
-        _require(self.first_frames_in_their_step >= 0, "first_frames_in_their_step",
-                 f"must be >= 0, got {self.first_frames_in_their_step}")
         _require(0 < self.gil_switch_interval_ms <= 1000, "gil_switch_interval_ms",
                  f"must be in (0, 1000], got {self.gil_switch_interval_ms}")
         _require(self.drain_timeout_seconds >= 0, "drain_timeout_seconds",
@@ -171,7 +166,6 @@ class ServerConfig:
                             max_reference_audio_s=self.max_reference_audio_seconds,
                             max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks,
                             profile_steps=self.profile_steps,
-                            num_first_frames_in_their_step=self.first_frames_in_their_step,
                             codec_dtype=self.codec_dtype,
                             voice_store_dir=self.voice_store,
                             max_voices=self.max_voices, max_voices_per_owner=self.max_voices_per_caller,
@@ -219,10 +213,6 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("max-text-chars", int, "most characters of text per request (and of an instruction)")
     add("max-reference-text-chars", int, "most characters of a voice clone's reference transcript")
     add("max-concurrent", int, "requests generating at once")
-    add("first-frames-in-their-step", int, "a new stream's first N frames are each decoded in the step that made "
-                                           "it, in a small codec call of their own, while no playing stream is "
-                                           "short of audio: earlier first audio, less throughput; 0 (the "
-                                           "default): in the next step's batched codec call")
     add("codec-dtype", str.lower, "the codec decoder's dtype: float32 (default) or bfloat16, faster under load; "
                                   "its waveform then moves about as far from fp32 as the reference's own bf16 "
                                   "decoder's does")

@@ -46,19 +46,11 @@ class EngineConfig:
     min_playback_slack_s: float = 0.5  # below this, admissions shrink to the at-risk prefill budget
     max_prefill_positions_at_risk: int = 256  # a step's prefill budget while a stream is at risk
     # Frames per codec chunk, first chunks first; the last size repeats. One frame per chunk means every
-    # step decodes each stream's newest frame in one batched codec call, and a frame's audio leaves one
-    # step after the frame: growing chunks (1, 2, 4, 8, 12) cost more per step at load (one call per
-    # distinct length) and ask for steps of half a frame's duration while a stream starts
-    # (BENCHMARKS.md, "one codec call per step").
+    # step decodes each stream's newest frame in one batched codec call right after the frames, and a
+    # frame's audio leaves while the next step's frames run: growing chunks (1, 2, 4, 8, 12) cost more per
+    # step at load (one call per distinct length) and ask for steps of half a frame's duration while a
+    # stream starts (BENCHMARKS.md, "one codec call per step").
     codec_chunk_schedule: tuple[int, ...] = (1,)
-    # A new stream's first N frames are each decoded in the step that made it, in a small codec call after the
-    # frames, rather than in the next step's batched call: its first audio waits for a codec call over the new
-    # streams alone. That call costs about as much GPU time as a batched one (it is launch-bound), so it buys
-    # first audio with throughput: on the H100, N=1 gave a p95 first audio 5 ms lower at 10 and 20 req/s but 162
-    # of 1183 streams underran at 30 req/s against 14 with N=0, and N=2 did worse (BENCHMARKS.md). Since then
-    # none is decoded so while a playing stream's slack is under min_playback_slack_s, which keeps the cost to
-    # spare time; N=1 under that rule is not measured yet.
-    num_first_frames_in_their_step: int = 0
     max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
     # -- graphs and kernels --
     # The codec decoder's dtype: "float32", or "bfloat16", which is faster under load and whose waveform moves
@@ -88,7 +80,6 @@ class EngineConfig:
             _require(math.isfinite(getattr(self, name)) and getattr(self, name) > 0, name, "> 0")
         _require(self.max_positions_per_request is None or self.max_positions_per_request >= 1,
                  "max_positions_per_request", ">= 1")
-        _require(self.num_first_frames_in_their_step >= 0, "num_first_frames_in_their_step", ">= 0")
         _require(self.codec_dtype in CODEC_DTYPES, "codec_dtype", f"one of {', '.join(CODEC_DTYPES)}")
 
     @property
@@ -126,8 +117,7 @@ class EngineConfig:
             min_playback_slack_s=self.min_playback_slack_s,
             max_prefill_positions_at_risk=self.max_prefill_positions_at_risk,
             frame_duration_s=1.0 / frame_rate_hz, max_slots=self.num_runner_slots,
-            max_positions_per_request=self.positions_per_request(frame_rate_hz),
-            num_first_frames_in_their_step=self.num_first_frames_in_their_step)
+            max_positions_per_request=self.positions_per_request(frame_rate_hz))
 
 
 def _require(condition: bool, name: str, requirement: str) -> None:

@@ -31,7 +31,15 @@ from scheduler.request import FinishReason, Request
 from scheduler.scheduler import Scheduler
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.model_info import ModelInfo
-from tts_service.engine.step_work import CodecRestart, CodecWork, StepDone, StepFrameWork, StepWork, run_step
+from tts_service.engine.step_work import (
+    AudioInFlight,
+    CodecRestart,
+    CodecWork,
+    StepDone,
+    StepFrameWork,
+    StepWork,
+    run_step,
+)
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenization
 from tts_service.engine.voice_files import RegisteredVoice, VoiceShape
@@ -121,27 +129,21 @@ class _Live:
     reference_codes: np.ndarray | None = None  # in-context clone: the codec's left context
     num_text_ids: int = 0  # tokens of the request's own text
     first_frame_time: float | None = None  # on the engine's clock, when the prefill produced frame 0
+    first_audio_time: float | None = None  # on the engine's clock, when its first audio reached the stream
+    # Its final codec chunk ran with audio still to hand out: the stream ends, so, once that audio is out.
+    finish_after_audio: FinishReason | None = None
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
 
-class _Delivery:
-    """One step's audio, passed from the runner's thread to the loop, where `deliver` hands it to the streams and
-    returns the moment it did. A step may deliver twice (the running streams' chunks, then the new streams'
-    first frames); `audio_time` is the later, which is when a new stream's first audio left."""
+@dataclass(frozen=True)
+class _AudioOut:
+    """A step's codec calls, still on the device, and the step they belong to."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[StepDone], float]) -> None:
-        self._loop = loop
-        self._deliver = deliver
-        self.audio_time: float | None = None
-
-    def from_runner(self, audio: StepDone) -> None:
-        self._loop.call_soon_threadsafe(self._on_loop, audio)
-
-    def _on_loop(self, audio: StepDone) -> None:
-        self.audio_time = self._deliver(audio)
+    output: SchedulerOutput
+    audio: AudioInFlight
 
 
 class Engine:
@@ -183,6 +185,7 @@ class Engine:
         self._voice_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-store")
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False
+        self._audio_out: _AudioOut | None = None  # the last step's audio, handed out during the next step
         self.stats = EngineStats()
         # Called once per step on the loop with host-side numbers only (metrics); never syncs the device.
         self._step_observers: list[Callable[[StepObservation], None]] = []
@@ -464,16 +467,23 @@ class Engine:
                 output = self.scheduler.schedule(self.clock())
                 self._release(output.freed)
                 if output.is_empty:
-                    await self._sleep_until_work()
+                    if self._audio_out is not None:
+                        await self._hand_out_last_audio()
+                    else:
+                        await self._sleep_until_work()
                     continue
                 scheduled = time.perf_counter()
                 work = self._plan(output)
                 planned = time.perf_counter()
-                delivery = _Delivery(loop, functools.partial(self._deliver_audio, output))
-                done = await loop.run_in_executor(self._executor, run_step, self.runner, work, delivery.from_runner)
+                previous, self._audio_out = self._audio_out, None
+                on_previous_audio = self._on_loop(loop, functools.partial(self._deliver_audio, previous))
+                done = await loop.run_in_executor(self._executor, run_step, self.runner, work,
+                                                  None if previous is None else previous.audio, on_previous_audio)
                 computed = time.perf_counter()
-                # The delivery was queued on the loop before the step's result, so it has run by now.
-                self._apply(output, done, delivery.audio_time)
+                # The previous step's audio was queued on the loop before the step's result, so it is out by now.
+                self._apply(output, done)
+                if done.audio_in_flight is not None and done.audio_in_flight.calls:
+                    self._audio_out = _AudioOut(output, done.audio_in_flight)
                 applied = time.perf_counter()
                 phases = None
                 if self.runner.timer is not None:  # the step profiler: host phases, then the device's
@@ -490,6 +500,18 @@ class Engine:
         finally:
             for live in list(self._live.values()):
                 self._end(live, FinishReason.ERROR, error="the engine stopped")
+
+    @staticmethod
+    def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[StepDone], None]) -> Callable[[StepDone], None]:
+        """`callback`, called from the runner's thread, run on the loop."""
+        return lambda done: loop.call_soon_threadsafe(callback, done)
+
+    async def _hand_out_last_audio(self) -> None:
+        """With no step to run, the last step's audio is collected on its own."""
+        last, self._audio_out = self._audio_out, None
+        assert last is not None
+        done = await asyncio.get_running_loop().run_in_executor(self._executor, last.audio.collect)
+        self._deliver_audio(last, done)
 
     def _count(self, output: SchedulerOutput, execute_s: float, loop_s: float,
                phases: dict[str, float] | None) -> None:
@@ -528,8 +550,7 @@ class Engine:
             decodes.append(DecodeInput(item.slot, item.block_ids, item.position, item.frame_index,
                                        self._text_id_for_input(live, item.frame_index - 1)))
         chunks = tuple(self._codec_work(chunk) for chunk in output.codec_chunks if not chunk.is_step_frame)
-        step_frames = tuple(StepFrameWork(chunk.request_id, chunk.slot, chunk.first_frame)
-                            for chunk in output.codec_chunks if chunk.is_step_frame)
+        step_frames = tuple(self._step_frame_work(chunk) for chunk in output.codec_chunks if chunk.is_step_frame)
         return StepWork(StepInput(tuple(prefills), tuple(decodes)),
                         prefill_ids=tuple(item.request_id for item in output.prefills),
                         decode_ids=tuple(item.request_id for item in output.decodes),
@@ -551,30 +572,55 @@ class Engine:
         codes = frames[0][np.newaxis] if len(frames) == 1 else self._stack_frames(frames)
         return CodecWork(chunk.request_id, chunk.slot, chunk.first_frame, codes)
 
-    def _apply(self, output: SchedulerOutput, done: StepDone, audio_time: float | None) -> None:
+    def _step_frame_work(self, chunk: CodecChunk) -> StepFrameWork:
+        live = self._live[chunk.request_id]
+        earlier = live.frames[chunk.first_frame:chunk.first_frame + chunk.num_frames - 1]
+        return StepFrameWork(chunk.request_id, chunk.slot, chunk.first_frame, self._stack_frames(earlier))
+
+    def _apply(self, output: SchedulerOutput, done: StepDone) -> None:
         eos_ids = {request_id for request_id, frame in done.frames.items() if frame[0] == self._eos_code}
-        result = StepResult.for_output(output, eos_ids, done.errors, audio_time)
+        result = StepResult.for_output(output, eos_ids, done.errors)
         now = self.clock()
         events = self.scheduler.update(result, now)
         for event in events:
             self._apply_event(event, done, now)
+        in_flight = done.audio_in_flight
+        num_calls = 0 if in_flight is None else len(in_flight.calls)
+        queued_ids = set() if in_flight is None else {chunk.request_id for group, _ in in_flight.calls
+                                                       for chunk in group}
         for chunk in output.codec_chunks:
             live = self._live.get(chunk.request_id)
-            if live is not None and chunk.is_final:
-                request = self.scheduler.requests[chunk.request_id]
-                assert request.finish_reason is not None
+            if live is None or not chunk.is_final:
+                continue
+            request = self.scheduler.requests[chunk.request_id]
+            assert request.finish_reason is not None
+            if num_calls and chunk.request_id in queued_ids:
+                live.finish_after_audio = request.finish_reason
+            else:
                 self._end(live, request.finish_reason)
 
-    def _deliver_audio(self, output: SchedulerOutput, done: StepDone) -> float:
-        """Hand decoded chunks to their streams at once, while the step's frames are still computing; returns
-        the time they were handed over (the scheduler counts it as the chunks' playback start)."""
-        for chunk in output.codec_chunks:
+    def _deliver_audio(self, step: _AudioOut | None, done: StepDone) -> None:
+        """Hand a step's decoded chunks to their streams, then end the streams whose last audio that was."""
+        if step is None:
+            return
+        now = self.clock()
+        for chunk in step.output.codec_chunks:
             live = self._live.get(chunk.request_id)
             samples = done.audio.get((chunk.request_id, chunk.first_frame))
             if live is None or samples is None:
                 continue
             live.stream.put_audio(AudioChunk(samples, chunk.first_frame, chunk.num_frames))
-        return self.clock()
+            if live.first_audio_time is None:
+                live.first_audio_time = now
+        for request_id, error in done.errors.items():  # the device failed the call: its requests fail
+            live = self._live.get(request_id)
+            if live is not None:
+                self.scheduler.abort(request_id, FinishReason.ERROR)
+                self._end(live, FinishReason.ERROR, error=error)
+        for chunk in step.output.codec_chunks:
+            live = self._live.get(chunk.request_id)
+            if live is not None and chunk.is_final and live.finish_after_audio is not None:
+                self._end(live, live.finish_after_audio)
 
     def _apply_event(self, event: RequestEvent, done: StepDone, now: float) -> None:
         live = self._live.get(event.request_id)
@@ -599,7 +645,7 @@ class Engine:
         scheduled = live.scheduled
         timeline = RequestTimeline(
             arrival=live.arrival_time, admitted=None if scheduled is None else scheduled.admitted_time,
-            first_frame=live.first_frame_time, first_audio=None if scheduled is None else scheduled.first_audio_time,
+            first_frame=live.first_frame_time, first_audio=live.first_audio_time,
             finished=self.clock())
         live.stream.finish(SynthesisSummary(
             request_id=live.request_id, finish_reason=reason, num_frames=len(live.frames),

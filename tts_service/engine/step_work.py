@@ -45,11 +45,12 @@ class CodecRestart:
 
 @dataclass(frozen=True)
 class StepFrameWork:
-    """One of a new stream's first frames, which this step makes: decoded once it exists, unless it is EOS."""
+    """A chunk that ends with the frame this step makes: decoded once that frame exists, unless it is EOS."""
 
     request_id: str
     slot: int
-    frame_index: int
+    first_frame: int
+    earlier_codes: np.ndarray  # [T - 1, G] int64: the chunk's frames made in earlier steps, often none
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class StepWork:
     prefill_ids: tuple[str, ...]  # request ids of step.prefills, in order
     decode_ids: tuple[str, ...]
     restarts: tuple[CodecRestart, ...]
-    chunks: tuple[CodecWork, ...]
+    chunks: tuple[CodecWork, ...]  # of frames made in earlier steps; a request's come before its step frame
     step_frames: tuple[StepFrameWork, ...] = ()
     eos_code: int = -1  # codebook 0's end of speech: such a frame has no audio
 
@@ -68,35 +69,34 @@ class StepDone:
     frames: dict[str, np.ndarray] = field(default_factory=dict)  # request id -> [G] codes
     audio: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)  # (request id, first frame) -> samples
     errors: dict[str, str] = field(default_factory=dict)
-    launch_s: float = 0.0  # host seconds queueing the codec work and the frames (building the frames' inputs)
-    codec_s: float = 0.0  # host seconds then waiting for the codec's samples and handing them over
+    # The step's codec calls, queued behind its frames: the next step (or the loop, when idle) collects them.
+    audio_in_flight: AudioInFlight | None = None
+    launch_s: float = 0.0  # host seconds queueing the codec restarts and the frames (building the frames' inputs)
+    codec_s: float = 0.0  # host seconds then waiting for the previous step's samples and handing them over
     frames_s: float = 0.0  # host seconds then waiting for the frames
-    step_audio_s: float = 0.0  # host seconds in the runner decoding the frames this step made (`step_frames`)
+    step_audio_s: float = 0.0  # host seconds then queueing the step's codec calls
 
 
-def run_step(runner: ModelRunner, work: StepWork, on_audio: Callable[[StepDone], None]) -> StepDone:
+def run_step(runner: ModelRunner, work: StepWork, previous_audio: AudioInFlight | None,
+             on_previous_audio: Callable[[StepDone], None]) -> StepDone:
     """The whole step on the runner's thread, nothing in it waiting for the event loop.
 
-    The codec work and then the frames are queued on the device before the host waits for anything, so the
-    device runs them back to back while the host builds the frames' inputs; `on_audio` gets the codec's outcome
-    as soon as it is there, while the frames still run. Then the new streams' frames just made go through the
-    codec and to `on_audio` again.
+    The frames are queued first, behind the previous step's codec calls; while they run, the host waits for
+    the previous step's samples and hands them to `on_previous_audio`. Then, once the frames are back, the
+    step's codec calls (every chunk, the frames just made included) are queued and left running: the loop
+    updates the scheduler and plans the next step while the device decodes.
     """
     started = time.perf_counter()
-    audio = start_audio(runner, work)
+    done = StepDone()
+    _restart_audio(runner, work.restarts, done.errors)
     frames = start_frames(runner, work)
     launched = time.perf_counter()
-    done = audio.collect()
-    if work.restarts or work.chunks:
-        on_audio(done)
+    if previous_audio is not None:
+        on_previous_audio(previous_audio.collect())
     audio_done = time.perf_counter()
     collect_frames(work, frames, done)
     frames_done = time.perf_counter()
-    if work.step_frames:
-        # A StepDone of its own: the loop may still be reading the first one's audio.
-        step_audio = decode_step_frames(runner, work, done)
-        done.errors.update(step_audio.errors)
-        on_audio(step_audio)
+    done.audio_in_flight = start_step_audio(runner, work, done)
     done.launch_s, done.codec_s, done.frames_s = launched - started, audio_done - launched, frames_done - audio_done
     done.step_audio_s = time.perf_counter() - frames_done
     return done
@@ -106,45 +106,39 @@ def run_step(runner: ModelRunner, work: StepWork, on_audio: Callable[[StepDone],
 class AudioInFlight:
     """Codec calls queued on the device, by the chunks each decodes; `collect()` waits for their samples."""
 
-    done: StepDone = field(default_factory=StepDone)
     calls: list[tuple[list[CodecWork], HostCopy]] = field(default_factory=list)
 
     def collect(self) -> StepDone:
+        """The samples by (request id, first frame); a call that failed on the device is charged to its chunks."""
+        done = StepDone()
         for group, pending in self.calls:
             try:
                 samples = pending.result()
             except Exception as error:
                 logger.exception("audio decoding failed for %d requests", len(group))
                 for chunk in group:
-                    self.done.errors[chunk.request_id] = f"audio decoding failed: {error}"
+                    done.errors[chunk.request_id] = f"audio decoding failed: {error}"
                 continue
             for chunk, row in zip(group, samples, strict=True):
-                self.done.audio[(chunk.request_id, chunk.first_frame)] = row
+                done.audio[(chunk.request_id, chunk.first_frame)] = row
         self.calls.clear()
-        return self.done
+        return done
 
 
-def start_audio(runner: ModelRunner, work: StepWork) -> AudioInFlight:
-    """Queue the step's codec work: restarts, then chunks of frames from earlier steps.
-
-    It goes ahead of the frame step so that its audio can reach the listeners while the frames are computed.
-    """
+def start_step_audio(runner: ModelRunner, work: StepWork, done: StepDone) -> AudioInFlight:
+    """Queue the step's codec work: the chunks of earlier frames, then those ending with a frame this step made
+    (skipped when that frame is EOS or its request failed). What fails to queue goes into `done.errors`."""
+    step_chunks = []
+    for item in work.step_frames:
+        frame = done.frames.get(item.request_id)
+        if frame is None or item.request_id in done.errors or frame[0] == work.eos_code:
+            continue
+        codes = frame[np.newaxis] if not len(item.earlier_codes) else np.concatenate([item.earlier_codes,
+                                                                                      frame[np.newaxis]])
+        step_chunks.append(CodecWork(item.request_id, item.slot, item.first_frame, codes))
     audio = AudioInFlight()
-    _restart_audio(runner, work.restarts, audio.done)
-    _start_chunks(runner, work.chunks, audio)
+    _start_chunks(runner, (*work.chunks, *step_chunks), audio, done.errors)
     return audio
-
-
-def decode_step_frames(runner: ModelRunner, work: StepWork, frames: StepDone) -> StepDone:
-    """The `step_frames` this step made, through the codec in one batched call."""
-    ready = [item for item in work.step_frames
-             if item.request_id in frames.frames and item.request_id not in frames.errors
-             and frames.frames[item.request_id][0] != work.eos_code]
-    chunks = tuple(CodecWork(item.request_id, item.slot, item.frame_index, frames.frames[item.request_id][None])
-                   for item in ready)
-    audio = AudioInFlight()
-    _start_chunks(runner, chunks, audio)
-    return audio.collect()
 
 
 def start_frames(runner: ModelRunner, work: StepWork) -> PendingStep | Exception | None:
@@ -183,7 +177,7 @@ def _collect_frames(work: StepWork, output: StepOutput, done: StepDone) -> None:
             done.frames[request_id] = frame
 
 
-def _restart_audio(runner: ModelRunner, restarts: tuple[CodecRestart, ...], done: StepDone) -> None:
+def _restart_audio(runner: ModelRunner, restarts: tuple[CodecRestart, ...], errors: dict[str, str]) -> None:
     if not restarts:
         return
     runner.reset_audio([restart.slot for restart in restarts])
@@ -194,11 +188,13 @@ def _restart_audio(runner: ModelRunner, restarts: tuple[CodecRestart, ...], done
             runner.prime_audio([restart.slot], restart.context[None])
         except Exception as error:
             logger.exception("codec context failed for %s", restart.request_id)
-            done.errors[restart.request_id] = f"audio decoding failed: {error}"
+            errors[restart.request_id] = f"audio decoding failed: {error}"
 
 
-def _start_chunks(runner: ModelRunner, chunks: tuple[CodecWork, ...], audio: AudioInFlight) -> None:
-    """Batch chunks of equal length across requests; a request's own chunks stay in order."""
+def _start_chunks(runner: ModelRunner, chunks: tuple[CodecWork, ...], audio: AudioInFlight,
+                  errors: dict[str, str]) -> None:
+    """Batch chunks of equal length across requests; a request's own chunks stay in order. A request in
+    `errors` is left out, and one whose call fails to queue is added to it."""
     rounds: defaultdict[int, defaultdict[int, list[CodecWork]]] = defaultdict(lambda: defaultdict(list))
     seen: Counter[str] = Counter()
     for chunk in chunks:
@@ -206,7 +202,7 @@ def _start_chunks(runner: ModelRunner, chunks: tuple[CodecWork, ...], audio: Aud
         seen[chunk.request_id] += 1
     for index in sorted(rounds):
         for num_frames, group in rounds[index].items():
-            group = [chunk for chunk in group if chunk.request_id not in audio.done.errors]
+            group = [chunk for chunk in group if chunk.request_id not in errors]
             if num_frames == 0 or not group:
                 continue
             try:
@@ -215,6 +211,6 @@ def _start_chunks(runner: ModelRunner, chunks: tuple[CodecWork, ...], audio: Aud
             except Exception as error:
                 logger.exception("audio decoding failed for %d requests", len(group))
                 for chunk in group:
-                    audio.done.errors[chunk.request_id] = f"audio decoding failed: {error}"
+                    errors[chunk.request_id] = f"audio decoding failed: {error}"
                 continue
             audio.calls.append((group, pending))

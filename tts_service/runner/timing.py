@@ -1,8 +1,9 @@
 """Time of a step's phases, for the step profiler (off unless `EngineConfig.profile_steps`).
 
 On CUDA each mark records an event on the current stream, and the time between two marks is what the
-device spent on the work queued between them. Events are read only after the step's own device-to-host
-copy has waited for the stream, so profiling adds no synchronisation. Off CUDA the work runs as it is
+device spent on the work queued between them. Only events the device has passed are read (a step's codec
+calls are still running when the loop takes its times; they count in a later take), so profiling adds no
+synchronisation. Off CUDA the work runs as it is
 queued, so wall-clock marks measure it. Each mark also takes the host's clock: how long the host took to
 queue a phase's work (Python, the CUDA API, and any wait for the GIL) is a separate figure from how long
 the device took to run it.
@@ -51,19 +52,21 @@ class PhaseTimer:
         self._start, self._host_start = end, host_end
 
     def take(self) -> PhaseTimes:
-        """Seconds per phase since the last take(); call only once the device has finished that work."""
+        """Seconds per phase of the spans the device has finished since the last take(), in the order queued;
+        the rest wait for a later take()."""
         device: dict[str, float] = defaultdict(float)
         host: dict[str, float] = defaultdict(float)
-        if self._is_cuda and self._spans:
-            # Done already after a step's copy to the host; after a step that failed before it, wait here.
-            self._spans[-1].end.synchronize()  # type: ignore[attr-defined]
+        num_done = 0
         for span in self._spans:
             if self._is_cuda:
+                if not span.end.query():  # type: ignore[attr-defined]
+                    break
                 device[span.phase] += span.start.elapsed_time(span.end) / 1e3  # type: ignore[attr-defined]
             else:
                 device[span.phase] += span.end - span.start  # type: ignore[operator]
             host[span.phase] += span.host_s
-        self._spans.clear()
+            num_done += 1
+        del self._spans[:num_done]
         self._start = None
         return PhaseTimes(dict(device), dict(host))
 
