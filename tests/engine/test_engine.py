@@ -270,6 +270,44 @@ def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(tiny_mode
     assert torch.equal(torch.from_numpy(later.codes), eager_codes(model, [(synthesis, params)])[0])
 
 
+def test_a_codec_call_that_fails_on_the_device_fails_its_stream_and_the_engine_keeps_serving(tiny_models,
+                                                                                            monkeypatch) -> None:
+    """The step's codec call is collected a step later; its failure then ends its stream with the error."""
+    model = tiny_models["custom_voice"]
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=6, min_new_frames=6)
+    synthesis = SynthesisInput("Good morning.", "auto", "eric")
+
+    class FailedCopy:
+        def result(self):
+            raise RuntimeError("injected device fault")
+
+    async def scenario():
+        engine = make_engine(model, chunk_schedule=(1,))
+        original = engine.runner.start_audio
+        calls = {"count": 0}
+
+        def flaky(slots, codes):
+            calls["count"] += 1
+            pending = original(slots, codes)
+            return FailedCopy() if calls["count"] == 3 else pending
+
+        monkeypatch.setattr(engine.runner, "start_audio", flaky)
+        engine.start()
+        victim = await engine.submit(SynthesisRequest("victim", synthesis, params))
+        with pytest.raises(RequestFailed, match="injected device fault"):
+            await victim.collect()
+        later_audio, later = await (await engine.submit(SynthesisRequest("later", synthesis, params))).collect()
+        await engine.stop()
+        return engine, victim.summary, later_audio, later
+
+    engine, victim_summary, later_audio, later = asyncio.run(scenario())
+    assert victim_summary.finish_reason is FinishReason.ERROR
+    assert victim_summary.num_frames >= 2  # the frames before the failed call's
+    assert later.finish_reason is FinishReason.LENGTH
+    np.testing.assert_allclose(later_audio, one_shot_audio(model, later.codes), atol=1e-4)
+    assert engine.scheduler.num_kv_blocks_used == 0 and engine.scheduler.num_slots_used == 0
+
+
 def test_open_text_closed_without_words_fails_naming_the_text_field(tiny_models) -> None:
     model = tiny_models["custom_voice"]
 

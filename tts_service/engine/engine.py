@@ -123,7 +123,7 @@ class _Live:
     received_text: str = ""  # open text that needs the whole text before its prompt exists
     held_ids: list[int] = field(default_factory=list)  # committed, waiting for non-blank text
     prompt: Prompt | None = None  # None until the request is in the scheduler
-    scheduled: Request | None = None  # the scheduler's record (admission and first-audio times), once added
+    scheduled: Request | None = None  # the scheduler's record (its admission time), once added
     trailing: list[int] = field(default_factory=list)
     frames: list[np.ndarray] = field(default_factory=list)
     reference_codes: np.ndarray | None = None  # in-context clone: the codec's left context
@@ -585,7 +585,6 @@ class Engine:
         for event in events:
             self._apply_event(event, done, now)
         in_flight = done.audio_in_flight
-        num_calls = 0 if in_flight is None else len(in_flight.calls)
         queued_ids = set() if in_flight is None else {chunk.request_id for group, _ in in_flight.calls
                                                        for chunk in group}
         for chunk in output.codec_chunks:
@@ -594,7 +593,7 @@ class Engine:
                 continue
             request = self.scheduler.requests[chunk.request_id]
             assert request.finish_reason is not None
-            if num_calls and chunk.request_id in queued_ids:
+            if chunk.request_id in queued_ids:
                 live.finish_after_audio = request.finish_reason
             else:
                 self._end(live, request.finish_reason)
