@@ -7,8 +7,8 @@ The engine executes one SchedulerOutput in this order:
        prefill below: a prefill assigns its slot's decoding state afresh),
     2. restart the codec stream of every prefill's slot,
     3. run `prefills` then `decodes` in one runner call (each yields one frame, or EOS),
-    4. run the `codec_chunks` in the order given (a request's chunks are consecutive and in frame order),
-       batched across requests; an `is_step_frame` chunk ends with the frame its request's prefill or decode
+    4. run the `codec_chunks`, batched across requests (a request's own chunks are listed in frame order and
+       decoded in that order); an `is_step_frame` chunk ends with the frame its request's prefill or decode
        made in step 3 and is skipped when that frame is EOS or failed.
 Every chunk runs after the step's frames, so that a frame, a new stream's first one included, reaches the
 codec in the step that made it, in the step's one batched codec call. The engine hands the chunks' audio to
