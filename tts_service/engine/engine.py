@@ -476,9 +476,8 @@ class Engine:
                 work = self._plan(output)
                 planned = time.perf_counter()
                 previous, self._audio_out = self._audio_out, None
-                on_previous_audio = self._on_loop(loop, functools.partial(self._deliver_audio, previous))
-                done = await loop.run_in_executor(self._executor, run_step, self.runner, work,
-                                                  None if previous is None else previous.audio, on_previous_audio)
+                hand_out = None if previous is None else functools.partial(self._hand_out_from_runner, loop, previous)
+                done = await loop.run_in_executor(self._executor, run_step, self.runner, work, hand_out)
                 computed = time.perf_counter()
                 # The previous step's audio was queued on the loop before the step's result, so it is out by now.
                 self._apply(output, done)
@@ -501,10 +500,9 @@ class Engine:
             for live in list(self._live.values()):
                 self._end(live, FinishReason.ERROR, error="the engine stopped")
 
-    @staticmethod
-    def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[StepDone], None]) -> Callable[[StepDone], None]:
-        """`callback`, called from the runner's thread, run on the loop."""
-        return lambda done: loop.call_soon_threadsafe(callback, done)
+    def _hand_out_from_runner(self, loop: asyncio.AbstractEventLoop, step: _AudioOut) -> None:
+        """On the runner's thread: wait for the step's samples, then hand them out on the loop."""
+        loop.call_soon_threadsafe(self._deliver_audio, step, step.audio.collect())
 
     async def _hand_out_last_audio(self) -> None:
         """With no step to run, the last step's audio is collected on its own."""
@@ -574,8 +572,8 @@ class Engine:
 
     def _step_frame_work(self, chunk: CodecChunk) -> StepFrameWork:
         live = self._live[chunk.request_id]
-        earlier = live.frames[chunk.first_frame:chunk.first_frame + chunk.num_frames - 1]
-        return StepFrameWork(chunk.request_id, chunk.slot, chunk.first_frame, self._stack_frames(earlier))
+        earlier = tuple(live.frames[chunk.first_frame:chunk.first_frame + chunk.num_frames - 1])
+        return StepFrameWork(chunk.request_id, chunk.slot, chunk.first_frame, earlier)
 
     def _apply(self, output: SchedulerOutput, done: StepDone) -> None:
         eos_ids = {request_id for request_id, frame in done.frames.items() if frame[0] == self._eos_code}
@@ -598,10 +596,8 @@ class Engine:
             else:
                 self._end(live, request.finish_reason)
 
-    def _deliver_audio(self, step: _AudioOut | None, done: StepDone) -> None:
+    def _deliver_audio(self, step: _AudioOut, done: StepDone) -> None:
         """Hand a step's decoded chunks to their streams, then end the streams whose last audio that was."""
-        if step is None:
-            return
         now = self.clock()
         for chunk in step.output.codec_chunks:
             live = self._live.get(chunk.request_id)

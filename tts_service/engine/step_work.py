@@ -50,7 +50,7 @@ class StepFrameWork:
     request_id: str
     slot: int
     first_frame: int
-    earlier_codes: np.ndarray  # [T - 1, G] int64: the chunk's frames made in earlier steps, often none
+    earlier_frames: tuple[np.ndarray, ...]  # [G] int64 each: the chunk's frames made in earlier steps, often none
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,11 @@ class StepDone:
     step_audio_s: float = 0.0  # host seconds then queueing the step's codec calls
 
 
-def run_step(runner: ModelRunner, work: StepWork, previous_audio: AudioInFlight | None,
-             on_previous_audio: Callable[[StepDone], None]) -> StepDone:
+def run_step(runner: ModelRunner, work: StepWork, hand_out_previous: Callable[[], None] | None) -> StepDone:
     """The whole step on the runner's thread, nothing in it waiting for the event loop.
 
-    The frames are queued first, behind the previous step's codec calls; while they run, the host waits for
-    the previous step's samples and hands them to `on_previous_audio`. Then, once the frames are back, the
+    The frames are queued first, behind the previous step's codec calls; while they run, `hand_out_previous`
+    waits for the previous step's samples and hands them out. Then, once the frames are back, the
     step's codec calls (every chunk, the frames just made included) are queued and left running: the loop
     updates the scheduler and plans the next step while the device decodes.
     """
@@ -91,8 +90,8 @@ def run_step(runner: ModelRunner, work: StepWork, previous_audio: AudioInFlight 
     _restart_audio(runner, work.restarts, done.errors)
     frames = start_frames(runner, work)
     launched = time.perf_counter()
-    if previous_audio is not None:
-        on_previous_audio(previous_audio.collect())
+    if hand_out_previous is not None:
+        hand_out_previous()
     audio_done = time.perf_counter()
     collect_frames(work, frames, done)
     frames_done = time.perf_counter()
@@ -133,8 +132,7 @@ def start_step_audio(runner: ModelRunner, work: StepWork, done: StepDone) -> Aud
         frame = done.frames.get(item.request_id)
         if frame is None or item.request_id in done.errors or frame[0] == work.eos_code:
             continue
-        codes = frame[np.newaxis] if not len(item.earlier_codes) else np.concatenate([item.earlier_codes,
-                                                                                      frame[np.newaxis]])
+        codes = np.stack((*item.earlier_frames, frame)) if item.earlier_frames else frame[np.newaxis]
         step_chunks.append(CodecWork(item.request_id, item.slot, item.first_frame, codes))
     audio = AudioInFlight()
     _start_chunks(runner, (*work.chunks, *step_chunks), audio, done.errors)
