@@ -80,30 +80,32 @@ def test_silu_mul_kernel_equals_eager_chain() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("length", [1, 80, 1920, 3000])
-def test_snake_beta_kernel_equals_eager_chain(dtype: torch.dtype, length: int) -> None:
-    x = activations(3, 96, length, dtype=dtype)
-    log_alpha = (0.3 * activations(96, dtype=torch.float32, seed=1)).to(dtype)
-    log_beta = (0.3 * activations(96, dtype=torch.float32, seed=2)).to(dtype)
+@pytest.mark.parametrize(("length", "channels"), [(1, 1536), (4, 1536), (80, 96), (1920, 96), (3000, 7)])
+def test_snake_beta_kernel_equals_eager_chain(dtype: torch.dtype, length: int, channels: int) -> None:
+    x = activations(3, length, channels, dtype=dtype)
+    log_alpha = (0.3 * activations(channels, dtype=torch.float32, seed=1)).to(dtype)
+    log_beta = (0.3 * activations(channels, dtype=torch.float32, seed=2)).to(dtype)
     eager = fused_ops.snake_beta_eager(x, log_alpha, log_beta)
-    fused = fused_ops.snake_beta(x, log_alpha, log_beta)
+    fused = fused_ops.snake_beta(x, log_alpha, log_beta, fused_ops.snake_beta_tables(log_alpha, log_beta))
     assert torch.equal(fused, eager), f"max difference {(fused.float() - eager.float()).abs().max().item()}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("history_size", "length"), [(1, 1), (54, 1), (54, 20), (6, 1920), (54, 3000)])
+@pytest.mark.parametrize(("history_size", "length", "channels"),
+                         [(1, 1, 1536), (54, 1, 96), (54, 20, 96), (6, 1920, 96), (54, 3000, 96), (18, 32, 768)])
 def test_snake_after_history_writes_what_concatenating_the_eager_chain_would(dtype: torch.dtype, history_size: int,
-                                                                             length: int) -> None:
+                                                                             length: int, channels: int) -> None:
     """Twice in a row, as a stream's consecutive chunks: the second call reads the history the first left."""
-    log_alpha = (0.3 * activations(96, dtype=torch.float32, seed=1)).to(dtype)
-    log_beta = (0.3 * activations(96, dtype=torch.float32, seed=2)).to(dtype)
-    history = activations(3, 96, history_size, dtype=dtype, seed=3)
+    log_alpha = (0.3 * activations(channels, dtype=torch.float32, seed=1)).to(dtype)
+    log_beta = (0.3 * activations(channels, dtype=torch.float32, seed=2)).to(dtype)
+    tables = fused_ops.snake_beta_tables(log_alpha, log_beta)
+    history = activations(3, history_size, channels, dtype=dtype, seed=3)
     expected_history = history.clone()
     for seed in (4, 5):
-        x = activations(3, 96, length, dtype=dtype, seed=seed)
-        expected = torch.cat((expected_history, fused_ops.snake_beta_eager(x, log_alpha, log_beta)), dim=-1)
-        expected_history = expected[..., -history_size:].clone()
-        extended = fused_ops.snake_beta_after_history(x, log_alpha, log_beta, history)
+        x = activations(3, length, channels, dtype=dtype, seed=seed)
+        expected = torch.cat((expected_history, fused_ops.snake_beta_eager(x, log_alpha, log_beta)), dim=1)
+        expected_history = expected[:, -history_size:].clone()
+        extended = fused_ops.snake_beta_after_history(x, log_alpha, log_beta, tables, history)
         assert torch.equal(extended, expected)
         assert torch.equal(history, expected_history)
 

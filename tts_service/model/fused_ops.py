@@ -29,11 +29,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SILU_BLOCK = 1024
-_SNAKE_BLOCK = 1024
-# The longest history a causal convolution of the codec keeps (kernel 7, dilation 9: 54 columns) fits one block.
-_MAX_HISTORY = 256
-# Rows of history one program advances: a row is at most a few hundred bytes, too little for a program alone.
-_HISTORY_ROWS = 64
+_SNAKE_BLOCK = 2048
 
 
 # The eager reference chains (also the path wherever the kernels do not apply).
@@ -64,12 +60,16 @@ def silu_mul_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def snake_beta_eager(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor) -> torch.Tensor:
-    """The codec's activation, x + sin²(x·e^alpha) / (e^beta + 1e-9), per channel of x [B, C, L]."""
-    frequency = log_alpha.exp()[None, :, None]
-    magnitude = log_beta.exp()[None, :, None]
+def snake_beta_tables(log_alpha: torch.Tensor, log_beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per channel, e^alpha and 1 / (e^beta + 1e-9), rounded as the eager chain rounds them."""
     # The reference's 1e-9 guard, kept so that results match it.
-    return x + (1.0 / (magnitude + 1e-9)) * torch.sin(x * frequency).pow(2)
+    return log_alpha.exp(), 1.0 / (log_beta.exp() + 1e-9)
+
+
+def snake_beta_eager(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor) -> torch.Tensor:
+    """The codec's activation, x + sin²(x·e^alpha) / (e^beta + 1e-9), per channel of time-major x [..., C]."""
+    frequency, inverse = snake_beta_tables(log_alpha, log_beta)
+    return x + inverse * torch.sin(x * frequency).pow(2)
 
 
 # Dispatch: the kernel when it applies, the eager chain otherwise.
@@ -165,49 +165,54 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def snake_beta(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor) -> torch.Tensor:
-    """One pass over x instead of the eager chain's seven, which at 24 kHz move most of the codec's bytes."""
-    if not (_is_kernel_tensor(x) and x.dim() == 3 and x.is_contiguous() and x.dtype == log_alpha.dtype
-            == log_beta.dtype):
+def snake_beta(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
+               tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """One pass over x [B, L, C] instead of the eager chain's seven, which at 24 kHz move most of the codec's
+    bytes; `tables` are `snake_beta_tables(log_alpha, log_beta)`, worked out once by the caller."""
+    if not _is_snake_kernel_tensor(x, log_alpha, log_beta):
         return snake_beta_eager(x, log_alpha, log_beta)
     out = torch.empty_like(x)
-    _launch_snake_beta(x, log_alpha, log_beta, out, x)
+    _launch_snake_beta(x, tables, out, x)
     return out
 
 
 def snake_beta_after_history(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
-                             history: torch.Tensor) -> torch.Tensor:
-    """[history | snake(x)] along time, as a causal convolution reads its input, with `history` [B, C, H]
-    advanced in place to the last H columns of that. The activation writes straight after the history instead of
-    into a tensor of its own that a concatenation then copies: at the codec's 24 kHz stages those are its
-    largest tensors. The values are snake_beta's, bit for bit."""
-    size = history.shape[-1]
-    if not (_is_kernel_tensor(x) and x.dim() == 3 and x.is_contiguous() and history.is_contiguous()
-            and x.dtype == log_alpha.dtype == log_beta.dtype == history.dtype and 0 < size <= _MAX_HISTORY):
-        extended = torch.cat((history, snake_beta(x, log_alpha, log_beta)), dim=-1)
-        history.copy_(extended[..., extended.shape[-1] - size:])
+                             tables: tuple[torch.Tensor, torch.Tensor], history: torch.Tensor) -> torch.Tensor:
+    """[history | snake(x)] along time (dimension 1), as a causal convolution reads its input, with `history`
+    [B, H, C] advanced in place to the last H steps of that. The activation writes straight after the history
+    instead of into a tensor of its own that a concatenation then copies: at the codec's 24 kHz stages those are
+    its largest tensors. The values are snake_beta's, bit for bit."""
+    length = x.shape[1]
+    if not (_is_snake_kernel_tensor(x, log_alpha, log_beta) and history.is_contiguous()
+            and history.dtype == x.dtype):
+        extended = torch.cat((history, snake_beta(x, log_alpha, log_beta, tables)), dim=1)
+        history.copy_(extended[:, length:])
         return extended
-    batch, channels, length = x.shape
-    extended = torch.empty(batch, channels, size + length, dtype=x.dtype, device=x.device)
-    _launch_snake_beta(x, log_alpha, log_beta, extended, history)
-    rows = batch * channels
-    _advance_history_kernel[(triton.cdiv(rows, _HISTORY_ROWS),)](extended, history, rows, length, size,
-                                                                  ROWS=_HISTORY_ROWS,
-                                                                  BLOCK=triton.next_power_of_2(size), num_warps=4)
+    batch, size, channels = history.shape
+    extended = torch.empty(batch, size + length, channels, dtype=x.dtype, device=x.device)
+    _launch_snake_beta(x, tables, extended, history)
+    history.copy_(extended[:, length:])
     return extended
 
 
-def _launch_snake_beta(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor, out: torch.Tensor,
+def _is_snake_kernel_tensor(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor) -> bool:
+    return (_is_kernel_tensor(x) and x.dim() == 3 and x.is_contiguous()
+            and x.dtype == log_alpha.dtype == log_beta.dtype)
+
+
+def _launch_snake_beta(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
                        history: torch.Tensor) -> None:
-    """snake(x) into the last columns of each row of `out`; the columns before them get `history`'s row (none
-    when `out` is as wide as x)."""
-    batch, channels, length = x.shape
-    size = out.shape[-1] - length
-    grid = (batch * channels, triton.cdiv(length, _SNAKE_BLOCK))
+    """Each batch row of `out` [B, H + L, C] gets `history`'s row [H, C], then snake(x)'s [L, C] (no history when
+    `out` is as long as x). Both are contiguous runs of memory, so one program covers a block of either,
+    whatever the channel count: short chunks of many channels waste no lanes."""
+    batch, length, channels = x.shape
+    history_size = (out.shape[1] - length) * channels
+    row_size = history_size + length * channels
+    frequency, inverse = tables
+    grid = (batch, triton.cdiv(row_size, _SNAKE_BLOCK))
     # No fused multiply-adds: the eager chain rounds the product before the sum.
-    _snake_beta_kernel[grid](x, log_alpha, log_beta, out, history, channels, length, size, BLOCK=_SNAKE_BLOCK,
-                             HISTORY_BLOCK=triton.next_power_of_2(size) if size else 0, num_warps=4,
-                             enable_fp_fusion=False)
+    _snake_beta_kernel[grid](x, frequency, inverse, out, history, channels, row_size, history_size,
+                             BLOCK=_SNAKE_BLOCK, num_warps=8, enable_fp_fusion=False)
 
 
 def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
@@ -292,37 +297,24 @@ if HAS_TRITON:
         tl.store(out_ptr + row * width + cols, (activated * up).to(dtype), mask=mask)
 
     @triton.jit
-    def _snake_beta_kernel(x_ptr, log_alpha_ptr, log_beta_ptr, out_ptr, history_ptr, channels, length, history_size,
-                           BLOCK: tl.constexpr, HISTORY_BLOCK: tl.constexpr):
+    def _snake_beta_kernel(x_ptr, frequency_ptr, inverse_ptr, out_ptr, history_ptr, channels, row_size, history_size,
+                           BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        out_row = out_ptr + row * (history_size + length)
-        # Nested: the outer test is settled at compile time, so no empty arange is built without a history.
-        if HISTORY_BLOCK > 0:  # noqa: SIM102
-            if tl.program_id(1) == 0:
-                held = tl.arange(0, HISTORY_BLOCK)
-                is_held = held < history_size
-                tl.store(out_row + held, tl.load(history_ptr + row * history_size + held, mask=is_held),
-                         mask=is_held)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < length
-        channel = row % channels
+        offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        in_row = offsets < row_size
+        is_held = offsets < history_size
+        is_new = in_row & (offsets >= history_size)
+        held = tl.load(history_ptr + row * history_size + offsets, mask=is_held, other=0.0)
         dtype = out_ptr.dtype.element_ty
-        # Each step rounds to the activation dtype where the eager chain writes a tensor; libdevice's
-        # exp and sin are the functions PyTorch's own CUDA kernels call.
-        frequency = libdevice.exp(tl.load(log_alpha_ptr + channel).to(tl.float32)).to(dtype).to(tl.float32)
-        magnitude = libdevice.exp(tl.load(log_beta_ptr + channel).to(tl.float32)).to(dtype).to(tl.float32)
-        inverse = tl.math.div_rn(1.0, (magnitude + 1e-9).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-        x = tl.load(x_ptr + row * length + cols, mask=mask, other=0.0).to(tl.float32)
+        channel = offsets % channels
+        # The tables hold e^alpha and 1 / (e^beta + 1e-9) already rounded as the eager chain rounds them; each
+        # step below rounds to the activation dtype where the eager chain writes a tensor, and libdevice's sin is
+        # the function PyTorch's own CUDA kernel calls.
+        frequency = tl.load(frequency_ptr + channel, mask=is_new, other=0.0).to(tl.float32)
+        inverse = tl.load(inverse_ptr + channel, mask=is_new, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * (row_size - history_size) + offsets - history_size, mask=is_new,
+                    other=0.0).to(tl.float32)
         wave = libdevice.sin((x * frequency).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
         squared = (wave * wave).to(dtype).to(tl.float32)
-        tl.store(out_row + history_size + cols, (x + (inverse * squared).to(dtype).to(tl.float32)).to(dtype),
-                 mask=mask)
-
-    @triton.jit
-    def _advance_history_kernel(extended_ptr, history_ptr, num_rows, length, history_size, ROWS: tl.constexpr,
-                                BLOCK: tl.constexpr):
-        rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
-        held = tl.arange(0, BLOCK)[None, :]
-        mask = (rows < num_rows) & (held < history_size)
-        latest = tl.load(extended_ptr + rows * (history_size + length) + length + held, mask=mask)
-        tl.store(history_ptr + rows * history_size + held, latest, mask=mask)
+        activated = (x + (inverse * squared).to(dtype).to(tl.float32)).to(dtype)
+        tl.store(out_ptr + row * row_size + offsets, tl.where(is_held, held.to(dtype), activated), mask=in_row)
