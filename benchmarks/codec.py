@@ -42,6 +42,25 @@ def time_calls(runner: ModelRunner, batch: int, num_frames: int, iterations: int
     return times
 
 
+def batch_dependence(runner: ModelRunner, batch_sizes: tuple[int, ...], num_frames: int = 12) -> list[dict]:
+    """How far one stream's audio moves with the number of rows decoded beside it: the same codes, one frame a
+    call as the engine serves them, in row 0 of each batch (the other rows random), against the stream alone.
+    cuDNN picks its kernels by the batch, and in TF32 different kernels round differently."""
+    codebook_size = runner.model.codec_decoder.config.codebook_size
+    rng = np.random.default_rng(7)
+    stream = rng.integers(0, codebook_size, (1, num_frames, runner.num_groups), dtype=np.int64)
+    decoded = {}
+    for batch in (1, *batch_sizes):
+        others = rng.integers(0, codebook_size, (batch - 1, num_frames, runner.num_groups), dtype=np.int64)
+        codes = np.concatenate([stream, others])
+        slots = list(range(batch))
+        runner.reset_audio(slots)
+        decoded[batch] = np.concatenate([runner.decode_audio(slots, codes[:, frame:frame + 1])[0]
+                                         for frame in range(num_frames)])
+    return [{"batch": batch, "max_abs_diff_vs_alone": float(np.abs(decoded[batch] - decoded[1]).max()),
+             "rms_alone": float(np.sqrt(np.mean(decoded[1] ** 2)))} for batch in batch_sizes]
+
+
 def profile_call(runner: ModelRunner, batch: int, num_frames: int) -> dict:
     """Kernels of one eager codec call, heaviest first (the captured graph replays the same ones)."""
     decoder = runner.model.codec_decoder
@@ -85,15 +104,18 @@ def main(argv: list[str] | None = None) -> int:
             median = statistics.median(time_calls(runner, batch, num_frames, args.iterations))
             results.append({"batch": batch, "chunk_frames": num_frames, "call_ms": median * 1e3,
                             "ms_per_frame": median * 1e3 / (batch * num_frames)})
+    dependence = batch_dependence(runner, batch_sizes) if 1 in chunk_lengths else []
     report = {"benchmark": "codec", "model": args.size, "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
               "fused_kernels": not args.no_fused_kernels, "codec_dtype": args.codec_dtype,
               "command": " ".join(["python -m benchmarks.codec", *(argv or sys.argv[1:])]), "results": results,
-              "profiles": profiles}
+              "profiles": profiles, "batch_dependence": dependence}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     lines = [f"{'batch':>5} {'frames':>6} {'call ms':>8} {'ms/frame':>9}"]
     lines += [f"{r['batch']:>5} {r['chunk_frames']:>6} {r['call_ms']:>8.2f} {r['ms_per_frame']:>9.3f}" for r in results]
+    lines += [f"one stream in row 0 of {d['batch']:>3} rows: max |audio - alone| {d['max_abs_diff_vs_alone']:.2e}"
+              f" (rms {d['rms_alone']:.3f})" for d in dependence]
     for result in profiles:
         lines.append(f"batch {result['batch']} x {result['chunk_frames']} frames: {result['num_kernels']} kernels, "
                      f"{result['kernel_time_us'] / 1e3:.2f} ms")

@@ -22,7 +22,7 @@ from torch import nn
 
 from tts_service.model import fused_ops
 from tts_service.model.configs import CodecDecoderConfig
-from tts_service.model.layers import MLP, RMSNorm, apply_rope, repeat_kv, rope_cos_sin, rope_inverse_frequencies
+from tts_service.model.layers import MLP, RMSNorm, apply_rope, rope_cos_sin, rope_inverse_frequencies
 
 ConvStates = tuple[torch.Tensor, ...]
 
@@ -374,15 +374,25 @@ def _window_attention(query: torch.Tensor, held_keys: torch.Tensor, held_values:
     """Softmax attention over the held window and the chunk's own frames, as plain batched matmuls over the two
     parts: nothing concatenates the window (at 128 rows, 38 MB a layer in fp32). A chunk has a few queries per
     row against ~72 keys, where SDPA's fused kernels tile 64 queries per head and row (~150 us a layer at 128
-    rows and one query on an H100). `mask` [B, 1, T, window + T]; every query sees at least its own frame."""
-    num_heads = query.shape[1]
-    held_keys, held_values = repeat_kv(held_keys, num_heads), repeat_kv(held_values, num_heads)
-    keys, values = repeat_kv(keys, num_heads), repeat_kv(values, num_heads)
-    scores = torch.cat((torch.matmul(query, held_keys.transpose(-1, -2)),
-                        torch.matmul(query, keys.transpose(-1, -2))), dim=-1) * scale
+    rows and one query on an H100). The query heads that share a key head are stacked as that head's rows, so
+    the window is never copied out per query head either. `mask` [B, 1, T, window + T]; every query sees at
+    least its own frame."""
+    batch, num_heads, length, head_dim = query.shape
+    num_kv_heads = held_keys.shape[1]
+    grouped = query.reshape(batch, num_kv_heads, num_heads // num_kv_heads * length, head_dim)
+
+    def per_query_head(x: torch.Tensor) -> torch.Tensor:  # [B, KV, G * T, N] -> [B, H, T, N]
+        return x.reshape(batch, num_heads, length, x.shape[-1])
+
+    def per_key_head(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, N] -> [B, KV, G * T, N]
+        return x.reshape(batch, num_kv_heads, -1, x.shape[-1])
+
+    scores = torch.cat((per_query_head(torch.matmul(grouped, held_keys.transpose(-1, -2))),
+                        per_query_head(torch.matmul(grouped, keys.transpose(-1, -2)))), dim=-1) * scale
     probabilities = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     window = held_keys.shape[2]
-    return torch.matmul(probabilities[..., :window], held_values) + torch.matmul(probabilities[..., window:], values)
+    return per_query_head(torch.matmul(per_key_head(probabilities[..., :window]), held_values)
+                          + torch.matmul(per_key_head(probabilities[..., window:]), values))
 
 
 class _TransformerLayer(nn.Module):
