@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     generator = torch.Generator().manual_seed(args.seed + 1)
     codes = torch.randint(0, config.codebook_size, (args.rows, config.num_quantizers, args.frames),
                           generator=generator).to(device)
-    ours.to(device).use_fused_activations(device.type == "cuda")
+    ours.to(device).use_fused_kernels(device.type == "cuda")
     reference.to(device)
     waves: dict[str, torch.Tensor] = {}
     with torch.no_grad():

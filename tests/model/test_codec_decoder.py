@@ -224,3 +224,19 @@ def test_codes_with_the_wrong_number_of_quantizers_are_rejected(small_config: Co
     codes = random_codes(small_config, 1, 2, seed=4)[:, :-1]
     with pytest.raises(ValueError, match="expected codes"):
         small_decoder.decode_chunk(codes, small_decoder.new_stream_state(1))
+
+
+def test_packed_projections_decode_like_separate_ones(small_config: CodecDecoderConfig,
+                                                      small_decoder: CodecDecoder) -> None:
+    """On CUDA the pre-transformer computes q/k/v and gate/up as one GEMM each over packed weights; here the
+    packing is done by hand, since the kernels that switch it on need a GPU."""
+    packed = random_decoder(small_config)
+    assert packed.use_fused_kernels(True) > 0
+    for module in packed.pre_transformer.modules():
+        if hasattr(module, "pack_projections"):
+            module.pack_projections()
+    assert all(layer.self_attn.qkv_weight is not None and layer.mlp.gate_up_weight is not None
+               for layer in packed.pre_transformer.layers)
+    codes = random_codes(small_config, 2, 3, seed=6)
+    with torch.no_grad():
+        assert max_diff(packed(codes), small_decoder(codes)) <= 1e-6

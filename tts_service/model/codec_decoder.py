@@ -22,7 +22,15 @@ from torch import nn
 
 from tts_service.model import fused_ops
 from tts_service.model.configs import CodecDecoderConfig
-from tts_service.model.layers import MLP, RMSNorm, apply_rope, rope_cos_sin, rope_inverse_frequencies
+from tts_service.model.layers import (
+    MLP,
+    RMSNorm,
+    apply_rope,
+    pack_weights,
+    rope_cos_sin,
+    rope_inverse_frequencies,
+    use_fused_kernels,
+)
 
 ConvStates = tuple[torch.Tensor, ...]
 
@@ -349,15 +357,29 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.qkv_weight: torch.Tensor | None
+        self.register_buffer("qkv_weight", None, persistent=False)
+
+    def pack_projections(self) -> None:
+        """Hold q, k and v as slices of one weight, so that they are computed in one GEMM."""
+        if self.qkv_weight is None:
+            self.qkv_weight = pack_weights(self.q_proj, self.k_proj, self.v_proj)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.qkv_weight is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv_width = self.num_kv_heads * self.head_dim
+        return F.linear(x, self.qkv_weight).split((self.num_heads * self.head_dim, kv_width, kv_width), -1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 held_keys: torch.Tensor, held_values: torch.Tensor, write_slots: torch.Tensor) -> torch.Tensor:
         """x [B, T, hidden]; held_* [B, KV, window, D] are the rings of the previous `window` frames; the chunk's
         last min(T, window) frames go to `write_slots` [B, min(T, window)] once every query has attended."""
         batch, length, _ = x.shape
-        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._project(x)
+        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         k = apply_rope(k, cos, sin)
         out = _window_attention(apply_rope(q, cos, sin), held_keys, held_values, k, v, mask,
                                 self.head_dim ** -0.5)
@@ -494,13 +516,19 @@ class CodecDecoder(nn.Module):
                        for m in self._stateful),
         )
 
-    def use_fused_activations(self, enabled: bool) -> int:
-        """Switch every SnakeBeta to its one-pass kernel (or back); returns how many were switched. The kernel
-        runs only on CUDA with Triton, so this is safe to call on any device."""
+    def use_fused_kernels(self, enabled: bool) -> int:
+        """Switch every SnakeBeta to its one-pass kernel and the pre-transformer's norms and MLPs to theirs (or
+        back); switching on also packs each attention's q/k/v and each MLP's gate/up weights on CUDA. Returns how
+        many modules were switched. The kernels run only on CUDA with Triton, so this is safe on any device."""
         activations = [module for module in self.modules() if isinstance(module, SnakeBeta)]
         for module in activations:
             module.is_fused = enabled
-        return len(activations)
+        switched = len(activations) + use_fused_kernels(self.pre_transformer, enabled)
+        if enabled and fused_ops.kernels_available(self.pre_conv.conv.weight.device):
+            for module in self.pre_transformer.modules():
+                if isinstance(module, _Attention):
+                    module.pack_projections()
+        return switched
 
     # --- decoding ----------------------------------------------------------------------------------
 

@@ -156,7 +156,7 @@ class ModelRunner:
         self.device = model.device
         is_fused = config.use_fused_kernels and kernels_available(self.device)
         use_fused_kernels(self.talker, is_fused)
-        model.codec_decoder.use_fused_activations(is_fused)
+        model.codec_decoder.use_fused_kernels(is_fused)
         self.dtype = self.talker.codec_head.weight.dtype
         talker_config = model.config.talker
         self.num_groups = talker_config.num_code_groups
