@@ -91,6 +91,26 @@ def test_snake_beta_kernel_equals_eager_chain(dtype: torch.dtype, length: int, c
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("length", "channels"), [(1, 768), (32, 768), (1920, 96)])
+def test_snake_with_an_input_bias_equals_the_eager_add_then_snake(dtype: torch.dtype, length: int,
+                                                                  channels: int) -> None:
+    x = activations(3, length, channels, dtype=dtype)
+    bias = activations(channels, dtype=dtype, seed=6)
+    log_alpha = (0.3 * activations(channels, dtype=torch.float32, seed=1)).to(dtype)
+    log_beta = (0.3 * activations(channels, dtype=torch.float32, seed=2)).to(dtype)
+    fused = fused_ops.snake_beta(x, log_alpha, log_beta, fused_ops.snake_beta_tables(log_alpha, log_beta), bias)
+    assert torch.equal(fused, fused_ops.snake_beta_eager(x + bias, log_alpha, log_beta))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("length", "channels"), [(1, 768), (1920, 96), (3, 7)])
+def test_add_biased_equals_the_two_eager_adds(dtype: torch.dtype, length: int, channels: int) -> None:
+    x, y = activations(3, length, channels, dtype=dtype), activations(3, length, channels, dtype=dtype, seed=4)
+    bias = activations(channels, dtype=dtype, seed=6)
+    assert torch.equal(fused_ops.add_biased(x, y, bias), x + (y + bias))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("history_size", "length", "channels"),
                          [(1, 1, 1536), (54, 1, 96), (54, 20, 96), (6, 1920, 96), (54, 3000, 96), (18, 32, 768)])
 def test_snake_after_history_writes_what_concatenating_the_eager_chain_would(dtype: torch.dtype, history_size: int,

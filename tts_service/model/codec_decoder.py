@@ -108,23 +108,26 @@ class CausalConv1d(_Stateful):
     def state_shape(self) -> tuple[int, int] | None:
         return (self.history, self.conv.in_channels) if self.history else None
 
-    def forward(self, x: torch.Tensor, states: ConvStates, activation: SnakeBeta | None = None) -> torch.Tensor:
-        """conv(activation(x)) (conv(x) without one) over time-major x [B, L, in], carrying the history across
-        calls."""
+    def forward(self, x: torch.Tensor, states: ConvStates, activation: SnakeBeta | None = None, *,
+                input_bias: torch.Tensor | None = None, with_bias: bool = True) -> torch.Tensor:
+        """conv(activation(x + input_bias)) (conv(x) without an activation) over time-major x [B, L, in], carrying
+        the history across calls; `with_bias=False` leaves this convolution's bias for its caller to add."""
         if not self.history:
-            return self._convolve(x if activation is None else activation(x))
+            return self._convolve(x if activation is None else activation(x, input_bias=input_bias), with_bias)
+        if input_bias is not None:
+            raise ValueError("an input bias is added only ahead of a convolution without history")
         past = states[self.slot]
         # A fresh state is zeros, which is exactly the zero left-padding of a one-shot decode.
         if activation is not None:
-            return self._convolve(activation.after_history(x, past))
+            return self._convolve(activation.after_history(x, past), with_bias)
         extended = torch.cat((past, x), dim=1)
         past.copy_(extended[:, x.shape[1]:])
-        return self._convolve(extended)
+        return self._convolve(extended, with_bias)
 
-    def _convolve(self, x: torch.Tensor) -> torch.Tensor:
+    def _convolve(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         conv = self.conv
         (filters,) = self._filters.get((conv.weight,), lambda: (_channels_last_filter(conv.weight),))
-        return _convolve_over_time(x, filters, conv.bias, conv.dilation[0], conv.groups)
+        return _convolve_over_time(x, filters, conv.bias if with_bias else None, conv.dilation[0], conv.groups)
 
 
 class CausalConvTranspose1d(_Stateful):
@@ -205,10 +208,11 @@ class SnakeBeta(nn.Module):
                                               lambda: fused_ops.snake_beta_tables(self.alpha, self.beta))
         return frequency, inverse
 
-    def forward(self, x: torch.Tensor, states: ConvStates = ()) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, states: ConvStates = (), input_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """self(x + input_bias), the sum rounded first (self(x) without one)."""
         if self.is_fused:
-            return fused_ops.snake_beta(x, self.alpha, self.beta, self._kernel_tables())
-        return fused_ops.snake_beta_eager(x, self.alpha, self.beta)
+            return fused_ops.snake_beta(x, self.alpha, self.beta, self._kernel_tables(), input_bias)
+        return fused_ops.snake_beta_eager(x if input_bias is None else x + input_bias, self.alpha, self.beta)
 
     def after_history(self, x: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         """[history | self(x)] along time (dimension 1), with `history` [B, H, C] advanced in place to the last H
@@ -243,8 +247,13 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1)
 
     def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
-        h = self.conv1(x, states, self.act1)
-        return x + self.conv2(h, states, self.act2)
+        # Each convolution's bias is added by the pass that reads its output next (the snake, the residual add),
+        # which saves a pass over the unit's tensors, the codec's largest; each sum is rounded as a separate add.
+        h = self.conv1(x, states, self.act1, with_bias=False)
+        y = self.conv2(h, states, self.act2, input_bias=self.conv1.conv.bias, with_bias=False)
+        if self.act2.is_fused:
+            return fused_ops.add_biased(x, y, self.conv2.conv.bias)
+        return x + (y + self.conv2.conv.bias)
 
 
 class DecoderBlock(nn.Module):

@@ -166,13 +166,27 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def snake_beta(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
-               tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """One pass over x [B, L, C] instead of the eager chain's seven, which at 24 kHz move most of the codec's
-    bytes; `tables` are `snake_beta_tables(log_alpha, log_beta)`, worked out once by the caller."""
-    if not _is_snake_kernel_tensor(x, log_alpha, log_beta):
-        return snake_beta_eager(x, log_alpha, log_beta)
+               tables: tuple[torch.Tensor, torch.Tensor], input_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """snake(x + input_bias) (snake(x) without one) in one pass over x [B, L, C], instead of the eager chain's
+    seven, which at 24 kHz move most of the codec's bytes; the sum is rounded first, as a separate add would
+    round it. `tables` are `snake_beta_tables(log_alpha, log_beta)`, worked out once by the caller."""
+    if not (_is_snake_kernel_tensor(x, log_alpha, log_beta) and (input_bias is None or input_bias.dtype == x.dtype)):
+        return snake_beta_eager(x if input_bias is None else x + input_bias, log_alpha, log_beta)
     out = torch.empty_like(x)
-    _launch_snake_beta(x, tables, out, x)
+    _launch_snake_beta(x, tables, out, x, input_bias)
+    return out
+
+
+def add_biased(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """x + (y + bias) for time-major x, y [..., C] and bias [C], in one pass: a convolution's bias added where its
+    output joins the residual stream, rounded as the two separate adds round it."""
+    if not (_is_kernel_tensor(x) and x.is_contiguous() and y.is_contiguous() and x.shape == y.shape
+            and x.dtype == y.dtype == bias.dtype and bias.is_contiguous()):
+        return x + (y + bias)
+    out = torch.empty_like(x)
+    num_elements = x.numel()
+    _add_biased_kernel[(triton.cdiv(num_elements, _SNAKE_BLOCK),)](x, y, bias, out, num_elements, bias.shape[0],
+                                                                   BLOCK=_SNAKE_BLOCK, num_warps=8)
     return out
 
 
@@ -201,7 +215,7 @@ def _is_snake_kernel_tensor(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: 
 
 
 def _launch_snake_beta(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
-                       history: torch.Tensor) -> None:
+                       history: torch.Tensor, input_bias: torch.Tensor | None = None) -> None:
     """Each batch row of `out` [B, H + L, C] gets `history`'s row [H, C], then snake(x)'s [L, C] (no history when
     `out` is as long as x). Both are contiguous runs of memory, so one program covers a block of either,
     whatever the channel count: short chunks of many channels waste no lanes."""
@@ -211,8 +225,9 @@ def _launch_snake_beta(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor
     frequency, inverse = tables
     grid = (batch, triton.cdiv(row_size, _SNAKE_BLOCK))
     # No fused multiply-adds: the eager chain rounds the product before the sum.
-    _snake_beta_kernel[grid](x, frequency, inverse, out, history, channels, row_size, history_size,
-                             BLOCK=_SNAKE_BLOCK, num_warps=8, enable_fp_fusion=False)
+    _snake_beta_kernel[grid](x, frequency, inverse, x if input_bias is None else input_bias, out, history, channels,
+                             row_size, history_size, HAS_BIAS=input_bias is not None, BLOCK=_SNAKE_BLOCK,
+                             num_warps=8, enable_fp_fusion=False)
 
 
 def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
@@ -297,8 +312,8 @@ if HAS_TRITON:
         tl.store(out_ptr + row * width + cols, (activated * up).to(dtype), mask=mask)
 
     @triton.jit
-    def _snake_beta_kernel(x_ptr, frequency_ptr, inverse_ptr, out_ptr, history_ptr, channels, row_size, history_size,
-                           BLOCK: tl.constexpr):
+    def _snake_beta_kernel(x_ptr, frequency_ptr, inverse_ptr, bias_ptr, out_ptr, history_ptr, channels, row_size,
+                           history_size, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         in_row = offsets < row_size
@@ -314,7 +329,19 @@ if HAS_TRITON:
         inverse = tl.load(inverse_ptr + channel, mask=is_new, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + row * (row_size - history_size) + offsets - history_size, mask=is_new,
                     other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            x = (x + tl.load(bias_ptr + channel, mask=is_new, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
         wave = libdevice.sin((x * frequency).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
         squared = (wave * wave).to(dtype).to(tl.float32)
         activated = (x + (inverse * squared).to(dtype).to(tl.float32)).to(dtype)
         tl.store(out_ptr + row * row_size + offsets, tl.where(is_held, held.to(dtype), activated), mask=in_row)
+
+    @triton.jit
+    def _add_biased_kernel(x_ptr, y_ptr, bias_ptr, out_ptr, num_elements, channels, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < num_elements
+        dtype = out_ptr.dtype.element_ty
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        bias = tl.load(bias_ptr + offsets % channels, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offsets, (x + (y + bias).to(dtype).to(tl.float32)).to(dtype), mask=mask)
