@@ -3,7 +3,6 @@ float rounding."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -169,13 +168,10 @@ def test_decode_chunk_updates_state_in_place(small_config: CodecDecoderConfig,
 
 
 def stack_states(states: list[CodecStreamState]) -> CodecStreamState:
-    def cat(values: tuple) -> torch.Tensor | tuple:
-        if isinstance(values[0], tuple):
-            return tuple(torch.cat(parts) for parts in zip(*values, strict=True))
-        return torch.cat(values)
-
-    names = [field.name for field in dataclasses.fields(CodecStreamState)]
-    return CodecStreamState(**{name: cat(tuple(getattr(s, name) for s in states)) for name in names})
+    return CodecStreamState(position=torch.cat([s.position for s in states]),
+                            keys=torch.cat([s.keys for s in states], dim=1),
+                            values=torch.cat([s.values for s in states], dim=1),
+                            conv=tuple(torch.cat(parts) for parts in zip(*(s.conv for s in states), strict=True)))
 
 
 def test_batched_rows_at_different_positions_decode_like_each_alone(small_config: CodecDecoderConfig,
@@ -240,3 +236,27 @@ def test_packed_projections_decode_like_separate_ones(small_config: CodecDecoder
     codes = random_codes(small_config, 2, 3, seed=6)
     with torch.no_grad():
         assert max_diff(packed(codes), small_decoder(codes)) <= 1e-6
+
+
+def test_selected_rows_decode_and_store_back_like_the_whole_state(small_config: CodecDecoderConfig,
+                                                                  small_decoder: CodecDecoder) -> None:
+    """The runner decodes a call's rows from a copy of their state and writes it back: those rows must advance as
+    if the whole state had decoded them, and the others must not move."""
+    whole = small_decoder.new_stream_state(3)
+    small_decoder.decode_chunk(random_codes(small_config, 3, 2, seed=8), whole)
+    partial = CodecStreamState(position=whole.position.clone(), keys=whole.keys.clone(), values=whole.values.clone(),
+                               conv=tuple(t.clone() for t in whole.conv))
+    untouched = [t.select(dim, 1).clone() for t, dim in zip(partial.tensors(), (0, 1, 1, *(0,) * len(partial.conv)),
+                                                             strict=True)]
+    second = random_codes(small_config, 3, 2, seed=9)
+    expected = small_decoder.decode_chunk(second, whole)
+    rows = torch.tensor([2, 0])
+    selected = partial.select_rows(rows)
+    assert max_diff(small_decoder.decode_chunk(second[rows], selected), expected[rows]) <= TOLERANCE
+    partial.store_rows(rows, selected)
+    for stored, reference, before, dim in zip(partial.tensors(), whole.tensors(), untouched,
+                                              (0, 1, 1, *(0,) * len(partial.conv)), strict=True):
+        assert torch.equal(stored.select(dim, 1), before)
+        for row in (0, 2):
+            assert max_diff(stored.select(dim, row).double(), reference.select(dim, row).double()) <= TOLERANCE
+    assert partial.position.tolist() == [4, 2, 4]

@@ -37,21 +37,36 @@ ConvStates = tuple[torch.Tensor, ...]
 
 @dataclass
 class CodecStreamState:
-    """Per-row decoder state; every tensor has the batch dimension first and a fixed shape."""
+    """Per-row decoder state of fixed shape. The rows are the first dimension of every tensor but the attention's
+    rings, which hold each layer's rows together ([layers, B, ...]): a layer's window is then one contiguous block
+    that batched matmuls read in place (batch-first, every layer copied it out, 0.6 ms a call at 128 rows)."""
 
     position: torch.Tensor  # [B] int64: frames already decoded
     # Rotated keys and the values of the last `window` frames, as rings: frame p is in slot p % window.
-    keys: torch.Tensor  # [B, layers, kv_heads, window, head_dim]
-    values: torch.Tensor  # [B, layers, kv_heads, window, head_dim]
+    keys: torch.Tensor  # [layers, B, kv_heads, window, head_dim]
+    values: torch.Tensor  # [layers, B, kv_heads, window, head_dim]
     conv: ConvStates  # per stateful convolution: [B, history, channels], time-major as the activations
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.position, self.keys, self.values, *self.conv]
 
+    def _row_dims(self) -> list[int]:
+        return [0, 1, 1, *(0 for _ in self.conv)]
+
     def reset_rows(self, rows: torch.Tensor) -> None:
         """Return the given rows to the start of a stream, so a slot can serve a new request."""
-        for tensor in self.tensors():
-            tensor.index_fill_(0, rows, 0)
+        for tensor, dim in zip(self.tensors(), self._row_dims(), strict=True):
+            tensor.index_fill_(dim, rows, 0)
+
+    def select_rows(self, rows: torch.Tensor) -> CodecStreamState:
+        """A copy of the given rows' state, in their order."""
+        return CodecStreamState(position=self.position[rows], keys=self.keys[:, rows], values=self.values[:, rows],
+                                conv=tuple(t[rows] for t in self.conv))
+
+    def store_rows(self, rows: torch.Tensor, state: CodecStreamState) -> None:
+        """Write `state` (as `select_rows(rows)` returned it, advanced) back into the given rows."""
+        for target, source, dim in zip(self.tensors(), state.tensors(), self._row_dims(), strict=True):
+            target.index_copy_(dim, rows, source)
 
 
 class _Stateful(nn.Module):
@@ -477,7 +492,7 @@ class PreTransformer(nn.Module):
         cos, sin = rope_cos_sin(self.inv_freq, query_positions, x.dtype)
         h = self.input_proj(x)
         for index, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, mask[:, None], keys[:, index], values[:, index], write_slots)
+            h = layer(h, cos, sin, mask[:, None], keys[index], values[index], write_slots)
         return self.output_proj(self.norm(h))
 
 
@@ -515,7 +530,7 @@ class CodecDecoder(nn.Module):
         device = reference.device if device is None else device
         dtype = reference.dtype if dtype is None else dtype
         config = self.config
-        kv_shape = (batch_size, config.num_hidden_layers, config.num_key_value_heads, config.sliding_window,
+        kv_shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, config.sliding_window,
                     config.head_dim)
         return CodecStreamState(
             position=torch.zeros(batch_size, dtype=torch.int64, device=device),

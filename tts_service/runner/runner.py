@@ -473,13 +473,10 @@ class ModelRunner:
     # -- audio --------------------------------------------------------------------------------
 
     def _codec_rows(self, slots: torch.Tensor) -> CodecStreamState:
-        state = self.codec_state
-        return CodecStreamState(position=state.position[slots], keys=state.keys[slots], values=state.values[slots],
-                                conv=tuple(t[slots] for t in state.conv))
+        return self.codec_state.select_rows(slots)
 
     def _store_codec_rows(self, slots: torch.Tensor, rows: CodecStreamState) -> None:
-        for target, source in zip(self.codec_state.tensors(), rows.tensors(), strict=True):
-            target.index_copy_(0, slots, source)
+        self.codec_state.store_rows(slots, rows)
 
     @torch.inference_mode()
     def reset_audio(self, slots: list[int]) -> None:
