@@ -91,7 +91,9 @@ def test_a_request_through_the_core_process_makes_the_codes_and_audio_it_makes_i
     for (remote_audio, remote_summary), (local_audio, local_summary) in zip(remote, local, strict=True):
         assert remote_summary.finish_reason is FinishReason.LENGTH and remote_summary.num_frames == 12
         np.testing.assert_array_equal(remote_summary.codes, local_summary.codes)
-        np.testing.assert_array_equal(remote_audio, local_audio)
+        # The codec's rounding depends on which rows share a call (oneDNN and cuDNN block by batch size: a few
+        # 1e-6 on this CPU decoder), and the core may admit the second request a step after the first.
+        np.testing.assert_allclose(remote_audio, local_audio, rtol=0, atol=1e-5)
 
 
 def test_open_text_refusals_and_voice_clones_cross_the_process_as_they_work_in_process(
