@@ -299,18 +299,14 @@ class _Codebook(nn.Module):
         super().__init__()
         self.cluster_usage = nn.Parameter(torch.ones(size))
         self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
-        self._table: torch.Tensor | None = None
-        self._table_key: tuple[object, ...] | None = None
+        self._table = _DerivedTensors()
 
     def table(self) -> torch.Tensor:
         """[size, dim]: each code's vector, embedding_sum / usage. Worked out once, and again only when either
         parameter changes, so a lookup is one gather: the same quotients, divided once rather than per call."""
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in (self.cluster_usage, self.embedding_sum))
-        if self._table is None or self._table_key != key:
-            with torch.no_grad():
-                self._table = self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
-            self._table_key = key
-        return self._table
+        (table,) = self._table.get((self.cluster_usage, self.embedding_sum),
+                                   lambda: (self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None],))
+        return table
 
     def lookup(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, T] -> [B, T, dim]."""

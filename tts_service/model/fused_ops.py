@@ -29,7 +29,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SILU_BLOCK = 1024
-_SNAKE_BLOCK = 2048
+# Elements one program covers in the codec's flat, time-major kernels (the snake, the biased residual add).
+_FLAT_BLOCK = 2048
 
 
 # The eager reference chains (also the path wherever the kernels do not apply).
@@ -185,8 +186,8 @@ def add_biased(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Te
         return x + (y + bias)
     out = torch.empty_like(x)
     num_elements = x.numel()
-    _add_biased_kernel[(triton.cdiv(num_elements, _SNAKE_BLOCK),)](x, y, bias, out, num_elements, bias.shape[0],
-                                                                   BLOCK=_SNAKE_BLOCK, num_warps=8)
+    _add_biased_kernel[(triton.cdiv(num_elements, _FLAT_BLOCK),)](x, y, bias, out, num_elements, bias.shape[0],
+                                                                   BLOCK=_FLAT_BLOCK, num_warps=8)
     return out
 
 
@@ -223,10 +224,10 @@ def _launch_snake_beta(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor
     history_size = (out.shape[1] - length) * channels
     row_size = history_size + length * channels
     frequency, inverse = tables
-    grid = (batch, triton.cdiv(row_size, _SNAKE_BLOCK))
+    grid = (batch, triton.cdiv(row_size, _FLAT_BLOCK))
     # No fused multiply-adds: the eager chain rounds the product before the sum.
     _snake_beta_kernel[grid](x, frequency, inverse, x if input_bias is None else input_bias, out, history, channels,
-                             row_size, history_size, HAS_BIAS=input_bias is not None, BLOCK=_SNAKE_BLOCK,
+                             row_size, history_size, HAS_BIAS=input_bias is not None, BLOCK=_FLAT_BLOCK,
                              num_warps=8, enable_fp_fusion=False)
 
 
