@@ -545,12 +545,7 @@ class CodecDecoder(nn.Module):
         activations = [module for module in self.modules() if isinstance(module, SnakeBeta)]
         for module in activations:
             module.is_fused = enabled
-        switched = len(activations) + use_fused_kernels(self.pre_transformer, enabled)
-        if enabled and fused_ops.kernels_available(self.pre_conv.conv.weight.device):
-            for module in self.pre_transformer.modules():
-                if isinstance(module, _Attention):
-                    module.pack_projections()
-        return switched
+        return len(activations) + use_fused_kernels(self.pre_transformer, enabled)
 
     # --- decoding ----------------------------------------------------------------------------------
 

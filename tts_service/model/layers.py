@@ -7,7 +7,7 @@ runner.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,13 @@ from torch import nn
 from tts_service.model import fused_ops
 from tts_service.model.configs import DecoderLayerStack
 from tts_service.model.fused_ops import apply_rope
+
+
+@runtime_checkable
+class PacksProjections(Protocol):
+    """A module that can hold its bias-free projections as slices of one packed weight (one GEMM for several)."""
+
+    def pack_projections(self) -> None: ...
 
 
 class AttentionBackend(Protocol):
@@ -216,7 +223,8 @@ def _device_of(module: nn.Module) -> torch.device:
 def use_fused_kernels(module: nn.Module, enabled: bool) -> int:
     """Switch every decoder norm, attention and MLP under `module` to the fused kernels (or back).
 
-    Switching on also packs, on CUDA, each layer's q/k/v and gate/up weights, so the fused path runs two GEMMs
+    Switching on also packs, on CUDA, the projections of every module that can (`PacksProjections`: each layer's
+    q/k/v and gate/up weights, the codec's attention too), so the fused path runs two GEMMs
     where the eager chain runs five; the eager chain reads the same memory through views. A packed GEMM may sum
     in another order than the separate ones (cuBLAS picks kernels by shape), which is within bf16's own rounding
     and is what the fidelity benchmark judges. Returns how many modules were switched. The kernels run only on
@@ -227,6 +235,6 @@ def use_fused_kernels(module: nn.Module, enabled: bool) -> int:
         if isinstance(child, RMSNorm | Attention | MLP):
             child.is_fused = enabled
             switched += 1
-        if enabled and isinstance(child, Attention | MLP) and fused_ops.kernels_available(_device_of(child)):
+        if enabled and isinstance(child, PacksProjections) and fused_ops.kernels_available(_device_of(child)):
             child.pack_projections()
     return switched
