@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from tests.runner.test_runner import BLOCK_SIZE, requests_for, run_staggered
+from tests.runner.test_runner import BLOCK_SIZE, one_shot_audio, requests_for, run_staggered
 from tts_service.eager.generate import generate_codes
 from tts_service.engine.config import EngineConfig
 from tts_service.model.checkpoint import LoadOptions, load_model
@@ -31,15 +30,22 @@ def test_graph_captured_runner_equals_eager_generate_on_gpu() -> None:
         assert torch.equal(torch.from_numpy(np.stack(got)), want.codes)
 
 
-@pytest.fixture
-def fp32_convolutions() -> Iterator[None]:
-    """cuDNN picks its convolution kernel by the batch size, and in TF32 (PyTorch's default for cuDNN) two kernels
-    can round apart by ~1e-4 over the codec's layers; in fp32 they agree to ~1e-6, far below what a mistake in
-    padding or state would show."""
-    was_allowed = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = was_allowed
+@pytest.mark.usefixtures("fp32_convolutions")
+def test_audio_left_in_flight_while_the_next_frames_run_equals_the_stream_decoded_at_once_on_gpu() -> None:
+    """As the engine runs them: each step's codec graph is queued behind its frames and collected only after
+    the next step's frames are queued. A graph buffer read after its next replay, or a codec state stored out
+    of order, would be off by far more than 1e-4 (chunked and whole agree to ~1e-6 in exact fp32)."""
+    model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
+    config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=256,
+                          graph_batch_sizes=(1, 2), codec_chunk_schedule=(1,))
+    runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
+    assert (4, 1) in runner.codec.graphs
+    audio: list[list[np.ndarray]] = [[], [], []]
+    frames = run_staggered(runner, requests_for(model, [9, 14, 11]), [0, 3, 5], model.config.tts_pad_token_id,
+                           audio)
+    for stream_frames, chunks in zip(frames, audio, strict=True):
+        assert len(chunks) == len(stream_frames)
+        np.testing.assert_allclose(np.concatenate(chunks), one_shot_audio(model, stream_frames), atol=1e-4)
 
 
 @pytest.mark.usefixtures("fp32_convolutions")
@@ -53,6 +59,7 @@ def test_graph_captured_codec_chunks_equal_eager_chunks_on_gpu() -> None:
     graphed = ModelRunner(model, config.runner_config(frame_rate_hz))
     eager = ModelRunner(model, replace(config, use_cuda_graphs=False).runner_config(frame_rate_hz))
     assert (2, 4) in graphed.codec.graphs and (4, 4) in graphed.codec.graphs and not eager.codec.graphs
+    assert not torch.backends.cudnn.benchmark, "cuDNN autotunes only while the codec's graphs are captured"
     generator = torch.Generator().manual_seed(5)
     codes = torch.randint(0, 2048, (3, 10, 16), generator=generator).numpy()
     slots = [3, 0, 2]

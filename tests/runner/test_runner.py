@@ -12,7 +12,7 @@ from tts_service.engine.config import EngineConfig
 from tts_service.model.prompts import SynthesisInput, VoiceClone
 from tts_service.runner.config import RunnerConfig
 from tts_service.runner.params import GenerationParams, SamplingParams
-from tts_service.runner.runner import DecodeInput, ModelRunner, PrefillInput, StepInput, _IdStaging
+from tts_service.runner.runner import DecodeInput, HostCopy, ModelRunner, PrefillInput, StepInput, _IdStaging
 
 BLOCK_SIZE = 4
 
@@ -37,9 +37,13 @@ def requests_for(model, num_frames: list[int]):
 
 
 def run_staggered(runner: ModelRunner, requests: list[GenerationRequest], admit_at: list[int],
-                  pad_id: int) -> list[list[np.ndarray]]:
-    """A minimal engine loop: admit request i at step admit_at[i], then decode every admitted request each step."""
+                  pad_id: int, audio: list[list[np.ndarray]] | None = None) -> list[list[np.ndarray]]:
+    """A minimal engine loop: admit request i at step admit_at[i], then decode every admitted request each step.
+
+    With `audio`, each step's frames are also decoded to audio in the engine's order: the codec call is left
+    in flight while the next step's frames are queued, and only then collected (into `audio[request]`)."""
     frames: list[list[np.ndarray]] = [[] for _ in requests]
+    audio_in_flight: tuple[list[int], HostCopy] | None = None
     finished = [False] * len(requests)
     blocks: list[tuple[int, ...]] = []
     next_block = 0
@@ -58,17 +62,55 @@ def run_staggered(runner: ModelRunner, requests: list[GenerationRequest], admit_
                 trailing = request.prompt.trailing_text_ids
                 text = trailing[index - 1] if index - 1 < len(trailing) else pad_id
                 decodes.append(DecodeInput(i, blocks[i], request.prompt.num_positions + index - 1, index, text))
-        output = runner.execute(StepInput(prefills, tuple(decodes)))
-        produced = [(p.slot, f) for p, f in zip(prefills, output.prefill_frames, strict=True)]
-        produced += [(d.slot, f) for d, f in zip(decodes, output.decode_frames, strict=True)]
-        for slot, frame in produced:
+        pending = runner.start_step(StepInput(prefills, tuple(decodes)))
+        if audio_in_flight is not None:
+            _collect_audio(audio_in_flight, audio)
+            audio_in_flight = None
+        output = pending.result()
+        made = [(p.slot, f) for p, f in zip(prefills, output.prefill_frames, strict=True)]
+        made += [(d.slot, f) for d, f in zip(decodes, output.decode_frames, strict=True)]
+        kept = []
+        for slot, frame in made:
             if frame[0] == runner.model.config.talker.codec_eos_id:
                 finished[slot] = True
                 continue
             frames[slot].append(frame)
             finished[slot] = len(frames[slot]) == requests[slot].params.max_new_frames
+            kept.append((slot, frame))
+        if audio is not None and kept:
+            slots = [slot for slot, _ in kept]
+            if started := [slot for slot in slots if len(frames[slot]) == 1]:
+                runner.reset_audio(started)
+            audio_in_flight = slots, runner.start_audio(slots, np.stack([frame for _, frame in kept])[:, None])
         step += 1
+    if audio_in_flight is not None:
+        _collect_audio(audio_in_flight, audio)
     return frames
+
+
+def _collect_audio(in_flight: tuple[list[int], HostCopy], audio: list[list[np.ndarray]] | None) -> None:
+    slots, pending = in_flight
+    assert audio is not None
+    for slot, samples in zip(slots, pending.result(), strict=True):
+        audio[slot].append(samples)
+
+
+def one_shot_audio(model, frames: list[np.ndarray]) -> np.ndarray:
+    """The codec over a whole stream of frames at once."""
+    with torch.inference_mode():
+        codes = torch.from_numpy(np.stack(frames)).to(model.device).T[None]
+        return model.codec_decoder(codes)[0, 0].float().cpu().numpy()
+
+
+def test_audio_left_in_flight_while_the_next_frames_run_equals_the_whole_stream_decoded_at_once(tiny_models) -> None:
+    model = tiny_models["custom_voice"]
+    runner = ModelRunner(model, runner_config(model, num_kv_blocks=64, max_positions_per_request=256))
+    audio: list[list[np.ndarray]] = [[], [], []]
+    frames = run_staggered(runner, requests_for(model, [9, 14, 11]), [0, 3, 5], model.config.tts_pad_token_id,
+                           audio)
+    for stream_frames, chunks in zip(frames, audio, strict=True):
+        assert len(chunks) == len(stream_frames)
+        np.testing.assert_allclose(np.concatenate(chunks), one_shot_audio(model, stream_frames), atol=1e-5)
 
 
 @pytest.mark.parametrize("admit_at", [[0, 0, 0], [0, 3, 5]])

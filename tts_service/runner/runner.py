@@ -12,7 +12,8 @@ from costing the running streams a whole extra predictor pass.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,6 +137,20 @@ class _PrefillBuffers:
     positions: torch.Tensor  # [max_length] int64: 0, 1, 2, ...
     last_hidden: torch.Tensor  # [max_batch, H]
     graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _autotuned_convolutions() -> Iterator[None]:
+    """cuDNN times its candidate kernels for each new shape (`cudnn.benchmark`) instead of picking one by its
+    heuristics, which at many rows pick kernels that write NCHW and convert back. On only while the codec's
+    graphs are captured: they keep the fastest kernels, and nothing else pays to autotune (the voice encoders
+    meet a new shape with every reference clip)."""
+    was_on = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = was_on
 
 
 @dataclass
@@ -284,8 +299,9 @@ class ModelRunner:
                 self.rows.talker_graphs[batch] = capture(lambda b=batch: self._talker_decode_step(b))
                 self.rows.sampling_graphs[batch] = capture(lambda b=batch: self._sampling_step(b))
                 for num_frames in self.config.codec_graph_chunk_sizes:
-                    self.codec.graphs[(batch, num_frames)] = capture(
-                        lambda b=batch, t=num_frames: self._codec_step(b, t))
+                    with _autotuned_convolutions():  # the warm-up call autotunes; the capture finds its choice
+                        self.codec.graphs[(batch, num_frames)] = capture(
+                            lambda b=batch, t=num_frames: self._codec_step(b, t))
             for batch in self.prefill_batch_buckets:
                 for length in self.prefill_length_buckets:
                     self.prefill.graphs[(batch, length)] = capture(lambda b=batch, t=length: self._prefill_step(b, t))
