@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from tts_service.model import fused_ops
+from tts_service.model.codec_decoder import _Attention, _WindowFrames
+from tts_service.model.configs import SpeechTokenizerConfig
 from tts_service.model.layers import rope_cos_sin, rope_inverse_frequencies
+from tts_service.model.random_checkpoint import speech_tokenizer_config_dict
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fused_ops.HAS_TRITON),
                                 reason="needs a CUDA GPU and Triton")
@@ -164,3 +169,34 @@ def test_qk_kernel_serves_slices_of_a_packed_projection(length: int) -> None:
                          fused_ops.qk_norm_rope(q.contiguous(), k.contiguous(), weight, weight, 1e-6, cos, sin),
                          strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(("num_kv_heads", "length", "positions"),
+                         [(16, 1, (0, 5, 71, 72, 500)), (16, 4, (0, 70, 1000)), (8, 3, (2, 143)), (16, 64, (0, 9))])
+def test_window_attention_kernel_equals_the_eager_codec_attention(num_kv_heads: int, length: int,
+                                                                  positions: tuple[int, ...]) -> None:
+    """The codec's real shapes (16 heads of 64, a 72-frame window), rows before, at and past the ring's first wrap,
+    and query heads sharing key heads: the outputs agree to fp32 summation order and the rings bit for bit."""
+    released = SpeechTokenizerConfig.parse({"decoder_config": speech_tokenizer_config_dict("1.7b")["decoder_config"]})
+    config = dataclasses.replace(released.decoder, num_key_value_heads=num_kv_heads)
+    attention = _Attention(config).to(DEVICE)
+    attention.pack_projections()
+    batch = len(positions)
+    x = activations(batch, length, config.hidden_size, dtype=torch.float32)
+    ring_shape = (batch, num_kv_heads, config.sliding_window, config.head_dim)
+    keys, values = activations(*ring_shape, dtype=torch.float32, seed=1), activations(*ring_shape, dtype=torch.float32,
+                                                                                     seed=2)
+    position = torch.tensor(positions, device=DEVICE)
+    inverse_frequencies = rope_inverse_frequencies(config.head_dim, config.rope_theta).to(DEVICE)
+    results = []
+    for is_fused in (False, True):
+        attention.is_fused = is_fused
+        frames = _WindowFrames(position, length, config.sliding_window)
+        cos, sin = rope_cos_sin(inverse_frequencies, frames.query_positions, torch.float32)
+        rings = keys.clone(), values.clone()
+        with torch.inference_mode():
+            results.append((attention(x, cos, sin, frames, *rings), *rings))
+    (eager, eager_keys, eager_values), (fused, fused_keys, fused_values) = results
+    assert fused_ops.window_attention_applies(x, x, keys)
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
+    assert torch.equal(fused_keys, eager_keys) and torch.equal(fused_values, eager_values)

@@ -12,6 +12,7 @@ Parameter names follow the checkpoint's `decoder.*` keys (without the prefix).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -381,36 +382,71 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         self.qkv_weight: torch.Tensor | None
         self.register_buffer("qkv_weight", None, persistent=False)
+        self.is_fused = False
 
     def pack_projections(self) -> None:
         """Hold q, k and v as slices of one weight, so that they are computed in one GEMM."""
         if self.qkv_weight is None:
             self.qkv_weight = pack_weights(self.q_proj, self.k_proj, self.v_proj)
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.qkv_weight is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        kv_width = self.num_kv_heads * self.head_dim
-        return F.linear(x, self.qkv_weight).split((self.num_heads * self.head_dim, kv_width, kv_width), -1)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                held_keys: torch.Tensor, held_values: torch.Tensor, write_slots: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, frames: _WindowFrames,
+                held_keys: torch.Tensor, held_values: torch.Tensor) -> torch.Tensor:
         """x [B, T, hidden]; held_* [B, KV, window, D] are the rings of the previous `window` frames; the chunk's
-        last min(T, window) frames go to `write_slots` [B, min(T, window)] once every query has attended."""
+        last min(T, window) frames go into them once every query has attended."""
         batch, length, _ = x.shape
-        q, k, v = self._project(x)
+        if self.qkv_weight is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            qkv = F.linear(x, self.qkv_weight)
+            if self.is_fused and fused_ops.window_attention_applies(qkv, cos, held_keys):
+                return self.o_proj(fused_ops.window_attention(qkv, self.num_heads, cos, sin, frames.position,
+                                                              held_keys, held_values, self.head_dim ** -0.5))
+            kv_width = self.num_kv_heads * self.head_dim
+            q, k, v = qkv.split((self.num_heads * self.head_dim, kv_width, kv_width), -1)
         q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         k = apply_rope(k, cos, sin)
-        out = _window_attention(apply_rope(q, cos, sin), held_keys, held_values, k, v, mask,
+        out = _window_attention(apply_rope(q, cos, sin), held_keys, held_values, k, v, frames.mask,
                                 self.head_dim ** -0.5)
         # Written after attending: the chunk's earlier queries still see the frames these overwrite.
-        kept = write_slots.shape[1]
-        index = write_slots[:, None, :, None].expand(-1, self.num_kv_heads, -1, self.head_dim)
+        kept = frames.write_slots.shape[1]
+        index = frames.write_slots[:, None, :, None].expand(-1, self.num_kv_heads, -1, self.head_dim)
         held_keys.scatter_(2, index, k[:, :, length - kept:])
         held_values.scatter_(2, index, v[:, :, length - kept:])
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class _WindowFrames:
+    """Where a chunk's frames fall in the attention rings, for every layer of one call. The eager path's mask and
+    ring slots are made on first use, so a call whose layers all take the kernel (which works them out from
+    `position`) launches none of their kernels."""
+
+    def __init__(self, position: torch.Tensor, length: int, window: int) -> None:
+        self.position = position  # [B]: each row's first frame
+        self.length = length
+        self.window = window
+
+    @functools.cached_property
+    def query_positions(self) -> torch.Tensor:  # [B, T]
+        return self.position[:, None] + torch.arange(self.length, device=self.position.device)
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        """[B, 1, T, window + T]: which held and own frames each query sees."""
+        position, window = self.position, self.window
+        # Ring slot s holds the latest earlier frame congruent to s modulo the window (negative: none yet).
+        slots = torch.arange(window, device=position.device)
+        held_positions = position[:, None] - window + torch.remainder(slots[None, :] - position[:, None], window)
+        key_positions = torch.cat((held_positions, self.query_positions), dim=1)  # [B, window + T]
+        distance = self.query_positions[:, :, None] - key_positions[:, None, :]
+        # Key k is visible from query q when 0 <= q - k < window and k is a real frame (not before the start).
+        return ((distance >= 0) & (distance < window) & (key_positions[:, None, :] >= 0))[:, None]
+
+    @functools.cached_property
+    def write_slots(self) -> torch.Tensor:
+        """[B, min(T, window)]: the ring slots of the chunk's last frames."""
+        return torch.remainder(self.query_positions[:, max(0, self.length - self.window):], self.window)
 
 
 def _window_attention(query: torch.Tensor, held_keys: torch.Tensor, held_values: torch.Tensor, keys: torch.Tensor,
@@ -449,9 +485,9 @@ class _TransformerLayer(nn.Module):
         self.self_attn_layer_scale = _LayerScale(config.hidden_size, config.layer_scale_initial_scale)
         self.mlp_layer_scale = _LayerScale(config.hidden_size, config.layer_scale_initial_scale)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                held_keys: torch.Tensor, held_values: torch.Tensor, write_slots: torch.Tensor) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(x), cos, sin, mask, held_keys, held_values, write_slots)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, frames: _WindowFrames,
+                held_keys: torch.Tensor, held_values: torch.Tensor) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, frames, held_keys, held_values)
         x = x + self.self_attn_layer_scale(attended)
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
@@ -476,21 +512,12 @@ class PreTransformer(nn.Module):
     def forward(self, x: torch.Tensor, position: torch.Tensor, keys: torch.Tensor,
                 values: torch.Tensor) -> torch.Tensor:
         """x [B, T, latent] for frames starting at each row's `position` [B]; keys/values as in the state."""
-        length, window = x.shape[1], self.window
-        query_positions = position[:, None] + torch.arange(length, device=x.device)  # [B, T]
-        # Ring slot s holds the latest earlier frame congruent to s modulo the window (negative: none yet).
-        slots = torch.arange(window, device=x.device)
-        held_positions = position[:, None] - window + torch.remainder(slots[None, :] - position[:, None], window)
-        key_positions = torch.cat((held_positions, query_positions), dim=1)  # [B, window + T]
-        distance = query_positions[:, :, None] - key_positions[:, None, :]
-        # Key k is visible from query q when 0 <= q - k < window and k is a real frame (not before the start).
-        mask = (distance >= 0) & (distance < window) & (key_positions[:, None, :] >= 0)
-        write_slots = torch.remainder(query_positions[:, max(0, length - window):], window)
+        frames = _WindowFrames(position, x.shape[1], self.window)
         # RoPE angles in fp32 as the reference does, then cast to the compute dtype.
-        cos, sin = rope_cos_sin(self.inv_freq, query_positions, x.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, frames.query_positions, x.dtype)
         h = self.input_proj(x)
         for index, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, mask[:, None], keys[index], values[index], write_slots)
+            h = layer(h, cos, sin, frames, keys[index], values[index])
         return self.output_proj(self.norm(h))
 
 
@@ -539,13 +566,13 @@ class CodecDecoder(nn.Module):
         )
 
     def use_fused_kernels(self, enabled: bool) -> int:
-        """Switch every SnakeBeta to its one-pass kernel and the pre-transformer's norms and MLPs to theirs (or
-        back); switching on also packs each attention's q/k/v and each MLP's gate/up weights on CUDA. Returns how
+        """Switch every SnakeBeta to its one-pass kernel, the pre-transformer's attention, norms and MLPs to theirs
+        (or back); switching on also packs each attention's q/k/v and each MLP's gate/up weights on CUDA. Returns how
         many modules were switched. The kernels run only on CUDA with Triton, so this is safe on any device."""
-        activations = [module for module in self.modules() if isinstance(module, SnakeBeta)]
-        for module in activations:
+        switched = [module for module in self.modules() if isinstance(module, SnakeBeta | _Attention)]
+        for module in switched:
             module.is_fused = enabled
-        return len(activations) + use_fused_kernels(self.pre_transformer, enabled)
+        return len(switched) + use_fused_kernels(self.pre_transformer, enabled)
 
     # --- decoding ----------------------------------------------------------------------------------
 

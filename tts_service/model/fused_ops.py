@@ -31,6 +31,8 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SILU_BLOCK = 1024
 # Elements one program covers in the codec's flat, time-major kernels (the snake, the biased residual add).
 _FLAT_BLOCK = 2048
+# The longest chunk the codec's window-attention kernel takes; longer ones (a primed context) run eagerly.
+_MAX_WINDOW_CHUNK = 64
 
 
 # The eager reference chains (also the path wherever the kernels do not apply).
@@ -191,6 +193,34 @@ def add_biased(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Te
     return out
 
 
+def window_attention_applies(qkv: torch.Tensor, cos: torch.Tensor, held_keys: torch.Tensor) -> bool:
+    """Whether `window_attention`'s kernel takes these: fp32 on CUDA (in bf16 the eager chain rounds every
+    matmul's output, which the kernel does not), contiguous, and chunks of at most _MAX_WINDOW_CHUNK frames (a
+    long context is primed once, eagerly)."""
+    return (_is_kernel_tensor(qkv) and qkv.dtype == cos.dtype == held_keys.dtype == torch.float32
+            and qkv.is_contiguous() and cos.is_contiguous() and held_keys.is_contiguous()
+            and qkv.shape[1] <= _MAX_WINDOW_CHUNK)
+
+
+def window_attention(qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor, position: torch.Tensor,
+                     held_keys: torch.Tensor, held_values: torch.Tensor, scale: float) -> torch.Tensor:
+    """The codec's sliding-window attention for a chunk, in one launch per layer: RoPE on the chunk's queries and
+    keys, softmax attention over the held ring and the chunk's own frames, and the chunk's last frames written
+    into the ring once every query has attended. qkv [B, T, (H + 2 KV) * D] is the packed projection; cos/sin
+    [B, T, D]; position [B] is each row's first frame; held_keys/values [B, KV, W, D], ring slot s holding the
+    latest earlier frame congruent to s modulo W. Returns [B, T, H * D], the layout the output projection reads.
+    RoPE rounds as `apply_rope` does, so the ring holds the eager path's keys bit for bit; the attention sums in
+    another order than the eager matmuls (fp32, ~1e-7 apart). Only where `window_attention_applies`."""
+    batch, length, width = qkv.shape
+    _, num_kv_heads, window, head_dim = held_keys.shape
+    out = torch.empty(batch, length, num_heads * head_dim, dtype=qkv.dtype, device=qkv.device)
+    _window_attention_kernel[(batch, num_kv_heads)](
+        qkv, cos, sin, position, held_keys, held_values, out, length, window, width, num_heads // num_kv_heads,
+        num_heads * head_dim, scale, HEAD_DIM=head_dim, BLOCK_HELD=triton.next_power_of_2(window),
+        BLOCK_OWN=max(16, triton.next_power_of_2(length)), num_warps=4, enable_fp_fusion=False)
+    return out
+
+
 def snake_beta_after_history(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
                              tables: tuple[torch.Tensor, torch.Tensor], history: torch.Tensor) -> torch.Tensor:
     """[history | snake(x)] along time (dimension 1), as a causal convolution reads its input, with `history`
@@ -346,3 +376,66 @@ if HAS_TRITON:
         y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         bias = tl.load(bias_ptr + offsets % channels, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + offsets, (x + (y + bias).to(dtype).to(tl.float32)).to(dtype), mask=mask)
+
+    @triton.jit
+    def _window_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, position_ptr, keys_ptr, values_ptr, out_ptr, length,
+                                 window, width, group_size, out_width, scale, HEAD_DIM: tl.constexpr,
+                                 BLOCK_HELD: tl.constexpr, BLOCK_OWN: tl.constexpr):
+        # One program per (row, key head) serves every query head of the group, so no program writes a ring
+        # another still has to read.
+        row = tl.program_id(0).to(tl.int64)
+        kv_head = tl.program_id(1)
+        num_kv_heads = tl.num_programs(1)
+        num_heads = num_kv_heads * group_size
+        dims = tl.arange(0, HEAD_DIM)
+        # rotate_half: the first half takes minus the second, the second takes the first.
+        rotated_dims = (dims + HEAD_DIM // 2) % HEAD_DIM
+        sign = tl.where(dims < HEAD_DIM // 2, -1.0, 1.0)
+        start = tl.load(position_ptr + row)
+
+        slots = tl.arange(0, BLOCK_HELD)
+        is_slot = slots < window
+        ring = (row * num_kv_heads + kv_head) * window * HEAD_DIM
+        held_offsets = ring + slots[:, None] * HEAD_DIM + dims[None, :]
+        held_keys = tl.load(keys_ptr + held_offsets, mask=is_slot[:, None], other=0.0)
+        held_values = tl.load(values_ptr + held_offsets, mask=is_slot[:, None], other=0.0)
+        held_positions = start - window + ((slots - start) % window + window) % window
+
+        own = tl.arange(0, BLOCK_OWN)
+        is_own = own < length
+        tokens = row * length + own
+        k_at = qkv_ptr + tokens[:, None] * width + (num_heads + kv_head) * HEAD_DIM
+        own_cos = tl.load(cos_ptr + tokens[:, None] * HEAD_DIM + dims[None, :], mask=is_own[:, None], other=0.0)
+        own_sin = tl.load(sin_ptr + tokens[:, None] * HEAD_DIM + dims[None, :], mask=is_own[:, None], other=0.0)
+        raw_keys = tl.load(k_at + dims[None, :], mask=is_own[:, None], other=0.0)
+        raw_rotated = tl.load(k_at + rotated_dims[None, :], mask=is_own[:, None], other=0.0)
+        own_keys = raw_keys * own_cos + sign[None, :] * raw_rotated * own_sin
+        own_values = tl.load(k_at + num_kv_heads * HEAD_DIM + dims[None, :], mask=is_own[:, None], other=0.0)
+
+        for head in range(kv_head * group_size, (kv_head + 1) * group_size):
+            for query in range(0, length):
+                token = row * length + query
+                q_at = qkv_ptr + token * width + head * HEAD_DIM
+                cos = tl.load(cos_ptr + token * HEAD_DIM + dims)
+                sin = tl.load(sin_ptr + token * HEAD_DIM + dims)
+                q = tl.load(q_at + dims) * cos + sign * tl.load(q_at + rotated_dims) * sin
+                # A key is visible when it is a real frame at most window - 1 frames before the query.
+                held_distance = start + query - held_positions
+                is_held_visible = is_slot & (held_distance >= 0) & (held_distance < window) & (held_positions >= 0)
+                is_own_visible = is_own & (own <= query) & (query - own < window)
+                held_scores = tl.where(is_held_visible, tl.sum(q[None, :] * held_keys, axis=1) * scale,
+                                       float("-inf"))
+                own_scores = tl.where(is_own_visible, tl.sum(q[None, :] * own_keys, axis=1) * scale, float("-inf"))
+                top = tl.maximum(tl.max(held_scores, axis=0), tl.max(own_scores, axis=0))
+                held_weights = tl.exp(held_scores - top)
+                own_weights = tl.exp(own_scores - top)
+                total = tl.sum(held_weights, axis=0) + tl.sum(own_weights, axis=0)
+                attended = (tl.sum((held_weights / total)[:, None] * held_values, axis=0)
+                            + tl.sum((own_weights / total)[:, None] * own_values, axis=0))
+                tl.store(out_ptr + token * out_width + head * HEAD_DIM + dims, attended)
+
+        # The chunk's last min(length, window) frames replace the ring's oldest, after every query has attended.
+        is_kept = is_own & (own >= length - window)
+        kept_at = ring + ((start + own) % window)[:, None] * HEAD_DIM + dims[None, :]
+        tl.store(keys_ptr + kept_at, own_keys, mask=is_kept[:, None])
+        tl.store(values_ptr + kept_at, own_values, mask=is_kept[:, None])
