@@ -33,6 +33,8 @@ _SILU_BLOCK = 1024
 _FLAT_BLOCK = 2048
 # The longest chunk the codec's window-attention kernel takes; longer ones (a primed context) run eagerly.
 _MAX_WINDOW_CHUNK = 64
+# Ring slots the window-attention kernel reads at a time.
+_WINDOW_SLOTS_BLOCK = 32
 
 
 # The eager reference chains (also the path wherever the kernels do not apply).
@@ -216,7 +218,7 @@ def window_attention(qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: 
     out = torch.empty(batch, length, num_heads * head_dim, dtype=qkv.dtype, device=qkv.device)
     _window_attention_kernel[(batch, num_kv_heads)](
         qkv, cos, sin, position, held_keys, held_values, out, length, window, width, num_heads // num_kv_heads,
-        num_heads * head_dim, scale, HEAD_DIM=head_dim, BLOCK_HELD=triton.next_power_of_2(window),
+        num_heads * head_dim, scale, HEAD_DIM=head_dim, BLOCK_SLOTS=_WINDOW_SLOTS_BLOCK,
         BLOCK_OWN=max(16, triton.next_power_of_2(length)), num_warps=4, enable_fp_fusion=False)
     return out
 
@@ -380,7 +382,7 @@ if HAS_TRITON:
     @triton.jit
     def _window_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, position_ptr, keys_ptr, values_ptr, out_ptr, length,
                                  window, width, group_size, out_width, scale, HEAD_DIM: tl.constexpr,
-                                 BLOCK_HELD: tl.constexpr, BLOCK_OWN: tl.constexpr):
+                                 BLOCK_SLOTS: tl.constexpr, BLOCK_OWN: tl.constexpr):
         # One program per (row, key head) serves every query head of the group, so no program writes a ring
         # another still has to read.
         row = tl.program_id(0).to(tl.int64)
@@ -392,14 +394,9 @@ if HAS_TRITON:
         rotated_dims = (dims + HEAD_DIM // 2) % HEAD_DIM
         sign = tl.where(dims < HEAD_DIM // 2, -1.0, 1.0)
         start = tl.load(position_ptr + row)
-
-        slots = tl.arange(0, BLOCK_HELD)
-        is_slot = slots < window
         ring = (row * num_kv_heads + kv_head) * window * HEAD_DIM
-        held_offsets = ring + slots[:, None] * HEAD_DIM + dims[None, :]
-        held_keys = tl.load(keys_ptr + held_offsets, mask=is_slot[:, None], other=0.0)
-        held_values = tl.load(values_ptr + held_offsets, mask=is_slot[:, None], other=0.0)
-        held_positions = start - window + ((slots - start) % window + window) % window
+        ring_keys = keys_ptr + ring
+        ring_values = values_ptr + ring
 
         own = tl.arange(0, BLOCK_OWN)
         is_own = own < length
@@ -419,23 +416,37 @@ if HAS_TRITON:
                 cos = tl.load(cos_ptr + token * HEAD_DIM + dims)
                 sin = tl.load(sin_ptr + token * HEAD_DIM + dims)
                 q = tl.load(q_at + dims) * cos + sign * tl.load(q_at + rotated_dims) * sin
-                # A key is visible when it is a real frame at most window - 1 frames before the query.
-                held_distance = start + query - held_positions
-                is_held_visible = is_slot & (held_distance >= 0) & (held_distance < window) & (held_positions >= 0)
+                # The chunk's own frames first: the query sees at least itself, so the running maximum is finite.
                 is_own_visible = is_own & (own <= query) & (query - own < window)
-                held_scores = tl.where(is_held_visible, tl.sum(q[None, :] * held_keys, axis=1) * scale,
-                                       float("-inf"))
                 own_scores = tl.where(is_own_visible, tl.sum(q[None, :] * own_keys, axis=1) * scale, float("-inf"))
-                top = tl.maximum(tl.max(held_scores, axis=0), tl.max(own_scores, axis=0))
-                held_weights = tl.exp(held_scores - top)
+                top = tl.max(own_scores, axis=0)
                 own_weights = tl.exp(own_scores - top)
-                total = tl.sum(held_weights, axis=0) + tl.sum(own_weights, axis=0)
-                attended = (tl.sum((held_weights / total)[:, None] * held_values, axis=0)
-                            + tl.sum((own_weights / total)[:, None] * own_values, axis=0))
-                tl.store(out_ptr + token * out_width + head * HEAD_DIM + dims, attended)
+                total = tl.sum(own_weights, axis=0)
+                attended = tl.sum(own_weights[:, None] * own_values, axis=0)
+                # Then the ring in blocks of slots, with the softmax carried across them (small tiles keep a
+                # program's registers few, so many programs share a multiprocessor).
+                for first in range(0, window, BLOCK_SLOTS):
+                    slots = first + tl.arange(0, BLOCK_SLOTS)
+                    is_slot = slots < window
+                    at = slots[:, None] * HEAD_DIM + dims[None, :]
+                    # Slot s holds the latest earlier frame congruent to s modulo the window (negative: none yet);
+                    # a key is visible when it is a real frame at most window - 1 frames before the query.
+                    positions = start - window + ((slots - start) % window + window) % window
+                    distance = start + query - positions
+                    is_visible = is_slot & (distance >= 0) & (distance < window) & (positions >= 0)
+                    held_keys = tl.load(ring_keys + at, mask=is_slot[:, None], other=0.0)
+                    scores = tl.where(is_visible, tl.sum(q[None, :] * held_keys, axis=1) * scale, float("-inf"))
+                    new_top = tl.maximum(top, tl.max(scores, axis=0))
+                    rescale = tl.exp(top - new_top)
+                    weights = tl.exp(scores - new_top)
+                    held_values = tl.load(ring_values + at, mask=is_slot[:, None], other=0.0)
+                    total = total * rescale + tl.sum(weights, axis=0)
+                    attended = attended * rescale + tl.sum(weights[:, None] * held_values, axis=0)
+                    top = new_top
+                tl.store(out_ptr + token * out_width + head * HEAD_DIM + dims, attended / total)
 
         # The chunk's last min(length, window) frames replace the ring's oldest, after every query has attended.
         is_kept = is_own & (own >= length - window)
-        kept_at = ring + ((start + own) % window)[:, None] * HEAD_DIM + dims[None, :]
-        tl.store(keys_ptr + kept_at, own_keys, mask=is_kept[:, None])
-        tl.store(values_ptr + kept_at, own_values, mask=is_kept[:, None])
+        kept_at = ((start + own) % window)[:, None] * HEAD_DIM + dims[None, :]
+        tl.store(ring_keys + kept_at, own_keys, mask=is_kept[:, None])
+        tl.store(ring_values + kept_at, own_values, mask=is_kept[:, None])
