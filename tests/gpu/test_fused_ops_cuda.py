@@ -197,6 +197,7 @@ def test_window_attention_kernel_equals_the_eager_codec_attention(num_kv_heads: 
         with torch.inference_mode():
             results.append((attention(x, cos, sin, frames, *rings), *rings))
     (eager, eager_keys, eager_values), (fused, fused_keys, fused_values) = results
-    assert fused_ops.window_attention_applies(x, x, keys)
+    qkv = torch.nn.functional.linear(x, attention.qkv_weight)
+    assert fused_ops.window_attention_applies(qkv, cos, sin, keys, values)
     torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
     assert torch.equal(fused_keys, eager_keys) and torch.equal(fused_values, eager_values)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.runner.test_runner import BLOCK_SIZE, one_shot_audio, requests_for, run_staggered
+from tests.runner.test_runner import BLOCK_SIZE, assert_audio_in_flight_equals_one_shot, requests_for, run_staggered
 from tts_service.eager.generate import generate_codes
 from tts_service.engine.config import EngineConfig
 from tts_service.model.checkpoint import LoadOptions, load_model
@@ -40,12 +40,7 @@ def test_audio_left_in_flight_while_the_next_frames_run_equals_the_stream_decode
                           graph_batch_sizes=(1, 2), codec_chunk_schedule=(1,))
     runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
     assert (4, 1) in runner.codec.graphs
-    audio: list[list[np.ndarray]] = [[], [], []]
-    frames = run_staggered(runner, requests_for(model, [9, 14, 11]), [0, 3, 5], model.config.tts_pad_token_id,
-                           audio)
-    for stream_frames, chunks in zip(frames, audio, strict=True):
-        assert len(chunks) == len(stream_frames)
-        np.testing.assert_allclose(np.concatenate(chunks), one_shot_audio(model, stream_frames), atol=1e-4)
+    assert_audio_in_flight_equals_one_shot(model, runner, atol=1e-4)
 
 
 @pytest.mark.usefixtures("fp32_convolutions")

@@ -102,15 +102,21 @@ def one_shot_audio(model, frames: list[np.ndarray]) -> np.ndarray:
         return model.codec_decoder(codes)[0, 0].float().cpu().numpy()
 
 
-def test_audio_left_in_flight_while_the_next_frames_run_equals_the_whole_stream_decoded_at_once(tiny_models) -> None:
-    model = tiny_models["custom_voice"]
-    runner = ModelRunner(model, runner_config(model, num_kv_blocks=64, max_positions_per_request=256))
+def assert_audio_in_flight_equals_one_shot(model, runner: ModelRunner, atol: float) -> None:
+    """Three staggered requests, each step's audio decoded while the next step's frames run (as the engine
+    does): every stream's chunks together equal its frames decoded in one call, within `atol`."""
     audio: list[list[np.ndarray]] = [[], [], []]
     frames = run_staggered(runner, requests_for(model, [9, 14, 11]), [0, 3, 5], model.config.tts_pad_token_id,
                            audio)
     for stream_frames, chunks in zip(frames, audio, strict=True):
         assert len(chunks) == len(stream_frames)
-        np.testing.assert_allclose(np.concatenate(chunks), one_shot_audio(model, stream_frames), atol=1e-5)
+        np.testing.assert_allclose(np.concatenate(chunks), one_shot_audio(model, stream_frames), atol=atol)
+
+
+def test_audio_left_in_flight_while_the_next_frames_run_equals_the_whole_stream_decoded_at_once(tiny_models) -> None:
+    model = tiny_models["custom_voice"]
+    runner = ModelRunner(model, runner_config(model, num_kv_blocks=64, max_positions_per_request=256))
+    assert_audio_in_flight_equals_one_shot(model, runner, atol=1e-5)
 
 
 @pytest.mark.parametrize("admit_at", [[0, 0, 0], [0, 3, 5]])

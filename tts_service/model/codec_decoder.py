@@ -398,7 +398,7 @@ class _Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
             qkv = F.linear(x, self.qkv_weight)
-            if self.is_fused and fused_ops.window_attention_applies(qkv, cos, held_keys):
+            if self.is_fused and fused_ops.window_attention_applies(qkv, cos, sin, held_keys, held_values):
                 return self.o_proj(fused_ops.window_attention(qkv, self.num_heads, cos, sin, frames.position,
                                                               held_keys, held_values, self.head_dim ** -0.5))
             kv_width = self.num_kv_heads * self.head_dim

@@ -195,12 +195,13 @@ def add_biased(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Te
     return out
 
 
-def window_attention_applies(qkv: torch.Tensor, cos: torch.Tensor, held_keys: torch.Tensor) -> bool:
+def window_attention_applies(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, held_keys: torch.Tensor,
+                             held_values: torch.Tensor) -> bool:
     """Whether `window_attention`'s kernel takes these: fp32 on CUDA (in bf16 the eager chain rounds every
     matmul's output, which the kernel does not), contiguous, and chunks of at most _MAX_WINDOW_CHUNK frames (a
     long context is primed once, eagerly)."""
-    return (_is_kernel_tensor(qkv) and qkv.dtype == cos.dtype == held_keys.dtype == torch.float32
-            and qkv.is_contiguous() and cos.is_contiguous() and held_keys.is_contiguous()
+    tensors = (qkv, cos, sin, held_keys, held_values)
+    return (_is_kernel_tensor(qkv) and all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
             and qkv.shape[1] <= _MAX_WINDOW_CHUNK)
 
 
