@@ -1,7 +1,9 @@
 """Sampling on a GPU: a frame's 15 draws of noise made at once give each draw's own noise bit for bit, and the
-sampling kernel draws what the torch chain draws."""
+sampling kernel, which makes each row's noise itself, draws what the torch chain draws with `gumbel_noise`."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -22,8 +24,26 @@ def test_a_frames_draws_made_at_once_equal_each_draw_made_alone_on_the_gpu(batch
         assert torch.equal(together[:, index], gumbel_noise(seeds, draws[:, index], 2048))
 
 
-def random_rows(batch: int, vocab: int, seed: int, top_p: float) -> tuple[torch.Tensor, RowSampling, torch.Tensor]:
-    """Scores with suppressed ids and many ties (rounded to quarters), and a mix of every parameter's edge cases."""
+@dataclass
+class Rows:
+    scores: torch.Tensor
+    sampling: RowSampling
+    seeds: torch.Tensor
+    draws: torch.Tensor
+
+    def kernel_draws(self) -> torch.Tensor:
+        assert sampling_kernel.kernel_applies(self.scores)
+        rows = self.sampling
+        return sampling_kernel.sample_rows(self.scores, rows.temperature, rows.top_k, rows.top_p, self.seeds,
+                                           self.draws)
+
+    def chain_draws(self) -> torch.Tensor:
+        return sample_eager(self.scores, self.sampling, gumbel_noise(self.seeds, self.draws, self.scores.shape[1]))
+
+
+def random_rows(batch: int, vocab: int, seed: int, top_p: float) -> Rows:
+    """Scores with suppressed ids and many ties (rounded to quarters), a mix of every parameter's edge cases, and
+    seeds and draw indices over their whole ranges."""
     device = torch.device("cuda")
     generator = torch.Generator(device=device).manual_seed(seed)
     scores = (4 * torch.randn(batch, vocab, generator=generator, device=device)).round() / 4
@@ -34,15 +54,30 @@ def random_rows(batch: int, vocab: int, seed: int, top_p: float) -> tuple[torch.
     rows = RowSampling(temperature, top_k, torch.full((batch,), top_p, device=device))
     seeds = torch.randint(0, 2**62, (batch,), generator=generator, device=device)
     draws = torch.randint(0, 2**31, (batch,), generator=generator, device=device)
-    return scores, rows, gumbel_noise(seeds, draws, vocab)
+    return Rows(scores, rows, seeds, draws)
 
 
 @pytest.mark.parametrize("vocab", [2048, 3072])
 def test_the_sampling_kernel_draws_what_the_torch_chain_draws_without_top_p(vocab: int) -> None:
-    scores, rows, gumbel = random_rows(512, vocab, seed=vocab, top_p=1.0)
-    assert sampling_kernel.kernel_applies(scores, gumbel)
-    got = sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, gumbel)
-    assert torch.equal(got, sample_eager(scores, rows, gumbel))
+    rows = random_rows(512, vocab, seed=vocab, top_p=1.0)
+    assert torch.equal(rows.kernel_draws(), rows.chain_draws())
+
+
+def test_the_kernels_noise_is_the_chains_where_only_the_noise_decides() -> None:
+    """Equal scores and no filter: each draw is the argmax of the noise alone, over 4,096 rows whose seeds and
+    draw indices include 0 and the largest values requests use (and the draw indices as strided views, as the
+    code predictor passes them)."""
+    device = torch.device("cuda")
+    batch, vocab = 4096, 2048
+    seeds = torch.cat((torch.tensor([0, 2**32 - 1, 2**62], device=device),
+                       torch.randint(0, 2**32, (batch - 3,), device=device)))
+    frame_draws = torch.randint(0, 2**20, (batch, 15), device=device)
+    frame_draws[:3] = torch.tensor([0, 2**31 - 1, 1], device=device)[:, None]
+    uniform = RowSampling(torch.ones(batch, device=device), torch.zeros(batch, dtype=torch.int64, device=device),
+                          torch.ones(batch, device=device))
+    rows = Rows(torch.zeros(batch, vocab, device=device), uniform, seeds, frame_draws[:, 4])
+    assert not rows.draws.is_contiguous()
+    assert torch.equal(rows.kernel_draws(), rows.chain_draws())
 
 
 def test_the_sampling_kernels_top_p_cut_matches_the_torch_chain_away_from_float_ties() -> None:
@@ -53,15 +88,15 @@ def test_the_sampling_kernels_top_p_cut_matches_the_torch_chain_away_from_float_
     for top_p in (0.3, 0.8, 0.95):
         rows = RowSampling(torch.full((512,), 0.9, device=device),
                            torch.tensor([0, 50], device=device).repeat(256), torch.full((512,), top_p, device=device))
-        gumbel = gumbel_noise(torch.arange(512, device=device), torch.zeros(512, dtype=torch.int64, device=device),
-                              2048)
-        got = sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, gumbel)
-        assert torch.equal(got, sample_eager(scores, rows, gumbel)), f"top_p {top_p}"
+        drawn = Rows(scores, rows, torch.arange(512, device=device), torch.zeros(512, dtype=torch.int64, device=device))
+        assert torch.equal(drawn.kernel_draws(), drawn.chain_draws()), f"top_p {top_p}"
 
 
 def test_the_sampling_kernel_never_draws_a_removed_token() -> None:
-    scores, rows, gumbel = random_rows(256, 2048, seed=3, top_p=0.9)
-    gumbel[:, 2048 - 100:] = 1e6  # the largest noise sits on suppressed ids
-    got = sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, gumbel)
-    assert bool((got < 2048 - 100).all())
-    assert bool(torch.isfinite(scores.gather(1, got[:, None])).all())
+    """Rows where most of the vocabulary is removed and the rest ties, so the noise picks among few tokens."""
+    rows = random_rows(2048, 2048, seed=3, top_p=0.9)
+    rows.scores[:, 16:2048 - 100] = float("-inf")
+    rows.scores[::7, :16] = 0.0  # random_rows removed these rows' first half
+    got = rows.kernel_draws()
+    assert bool((got < 16).all())
+    assert bool(torch.isfinite(rows.scores.gather(1, got[:, None])).all())

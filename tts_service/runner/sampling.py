@@ -15,14 +15,7 @@ import torch
 
 from tts_service.runner import sampling_kernel
 from tts_service.runner.params import SamplingParams
-
-_MASK32 = 0xFFFFFFFF
-# Odd multipliers below 2**31 keep every product inside int64 (no reliance on overflow).
-_MIX_A = 0x7FEB352D
-_MIX_B = 0x2C1B3C6D
-_MIX_C = 0x297A2D39
-_TOKEN_STRIDE = 0x61C88647
-_DRAW_STRIDE = 0x3C6EF372
+from tts_service.runner.sampling_kernel import DRAW_STRIDE, MASK32, MIX_MULTIPLIERS, TOKEN_STRIDE
 
 
 @dataclass(frozen=True)
@@ -43,12 +36,13 @@ class RowSampling:
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
+    first, second, third = MIX_MULTIPLIERS
     x = x ^ (x >> 16)
-    x = (x * _MIX_A) & _MASK32
+    x = (x * first) & MASK32
     x = x ^ (x >> 15)
-    x = (x * _MIX_B) & _MASK32
+    x = (x * second) & MASK32
     x = x ^ (x >> 16)
-    x = (x * _MIX_C) & _MASK32
+    x = (x * third) & MASK32
     return x ^ (x >> 15)
 
 
@@ -57,8 +51,8 @@ def uniform_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab_size: int) -> 
     and draw index alone (the hash is elementwise, so a draw's noise is the same whichever way it is asked for)."""
     tokens = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     seeds = seeds.reshape(seeds.shape + (1,) * (draws.dim() - 1))
-    key = _mix((seeds & _MASK32) ^ ((draws * _DRAW_STRIDE) & _MASK32))
-    bits = _mix((key[..., None] + tokens * _TOKEN_STRIDE) & _MASK32)
+    key = _mix((seeds & MASK32) ^ ((draws * DRAW_STRIDE) & MASK32))
+    bits = _mix((key[..., None] + tokens * TOKEN_STRIDE) & MASK32)
     return unit_interval(bits)
 
 
@@ -100,15 +94,21 @@ def filter_top_k_top_p(scores: torch.Tensor, rows: RowSampling) -> torch.Tensor:
     return torch.empty_like(scores).scatter_(-1, order, ascending)
 
 
+def draws_in_kernel(scores: torch.Tensor) -> bool:
+    """Whether `sample` makes its noise inside the sampling kernel (so no caller need make it ahead)."""
+    return sampling_kernel.kernel_applies(scores)
+
+
 def sample(scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
            gumbel: torch.Tensor | None = None) -> torch.Tensor:
     """scores [B, V] fp32 after logit processors -> token ids [B]; greedy rows take the argmax. `gumbel` is this
-    draw's `gumbel_noise` when the caller made it already. On CUDA one Triton program per row does it all
-    (`sampling_kernel`: the same draws where top_p = 1; top-p's cut may differ at float rounding)."""
+    draw's `gumbel_noise` when the caller made it already. On CUDA one Triton program per row does it all, the
+    noise included (`sampling_kernel`: the same draws where top_p = 1; top-p's cut may differ at float
+    rounding)."""
+    if draws_in_kernel(scores):
+        return sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws)
     if gumbel is None:
         gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
-    if sampling_kernel.kernel_applies(scores, gumbel):
-        return sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, gumbel)
     return sample_eager(scores, rows, gumbel)
 
 

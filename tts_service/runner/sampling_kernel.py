@@ -1,5 +1,10 @@
-"""One Triton program per row for `sampling.sample`: temperature, top-k, top-p, the Gumbel draw and the greedy
-argmax in one launch, where the torch chain runs about fifteen kernels around a full-vocabulary sort.
+"""One Triton program per row for `sampling.sample`: the row's Gumbel noise, temperature, top-k, top-p, the draw and
+the greedy argmax in one launch, where the torch chain runs about fifteen kernels around a full-vocabulary sort and
+about twenty more to make the noise.
+
+The noise is `sampling.gumbel_noise`'s counter-based hash of (seed, draw, token), worked out in the program with the
+same 64-bit integer operations and the same `logf` as PyTorch's kernels, so it is the chain's noise bit for bit and
+a request's draws still depend only on its seed and position.
 
 Top-k needs no sort: the k-th largest score is found by a 32-step radix select over the scores' bits (each step
 counts the scores at or above a candidate), and every score at or above it is kept, exactly as the torch chain
@@ -20,6 +25,7 @@ import torch
 try:  # Triton is optional: the CPU build and CI have none, and the torch chain needs none.
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - depends on the environment
@@ -27,25 +33,36 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 _MAX_VOCAB = 8192  # one row lives in one program's registers
 
+# The counter-based hash of `sampling.gumbel_noise`, whose torch chain reads them from here too. Odd multipliers
+# below 2**31 keep every product of 32-bit values inside int64 (no reliance on overflow).
+MASK32 = 0xFFFFFFFF
+MIX_MULTIPLIERS = (0x7FEB352D, 0x2C1B3C6D, 0x297A2D39)
+TOKEN_STRIDE = 0x61C88647
+DRAW_STRIDE = 0x3C6EF372
 
-def kernel_applies(scores: torch.Tensor, gumbel: torch.Tensor) -> bool:
-    return (HAS_TRITON and scores.is_cuda and scores.dtype == gumbel.dtype == torch.float32 and scores.dim() == 2
-            and scores.shape == gumbel.shape and scores.shape[1] <= _MAX_VOCAB and scores.stride(-1) == 1
-            and gumbel.stride(-1) == 1)
+
+def kernel_applies(scores: torch.Tensor) -> bool:
+    return (HAS_TRITON and scores.is_cuda and scores.dtype == torch.float32 and scores.dim() == 2
+            and scores.shape[1] <= _MAX_VOCAB and scores.stride(-1) == 1)
 
 
 def sample_rows(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                gumbel: torch.Tensor) -> torch.Tensor:
-    """scores, gumbel [B, V] fp32; per-row temperature (0 = greedy), top_k (0 = off) and top_p -> ids [B]."""
+                seeds: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """scores [B, V] fp32; per-row temperature (0 = greedy), top_k (0 = off), top_p, and the seed and draw index
+    (int64) that make the row's noise -> ids [B]."""
     batch, vocab = scores.shape
     out = torch.empty(batch, dtype=torch.int64, device=scores.device)
     block = triton.next_power_of_2(vocab)
-    _sample_rows_kernel[(batch,)](scores, gumbel, temperature, top_k, top_p, out, scores.stride(0),
-                                  gumbel.stride(0), vocab, BLOCK=block, num_warps=8 if block >= 4096 else 4)
+    _sample_rows_kernel[(batch,)](scores, temperature, top_k, top_p, seeds, draws, out, scores.stride(0), vocab,
+                                  seeds.stride(0), draws.stride(0), BLOCK=block,
+                                  num_warps=8 if block >= 4096 else 4)
     return out
 
 
 if HAS_TRITON:
+    _MIX_A, _MIX_B, _MIX_C = (tl.constexpr(multiplier) for multiplier in MIX_MULTIPLIERS)
+    _TOKEN_STRIDE = tl.constexpr(TOKEN_STRIDE)
+    _DRAW_STRIDE = tl.constexpr(DRAW_STRIDE)
 
     @triton.jit
     def _sortable_key(x):
@@ -60,8 +77,30 @@ if HAS_TRITON:
         return tl.where(signed < 0, signed ^ 0x7FFFFFFF, signed).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _sample_rows_kernel(scores_ptr, gumbel_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr,
-                            scores_row_stride, gumbel_row_stride, vocab, BLOCK: tl.constexpr):
+    def _mix(x):
+        # `sampling._mix` in 32-bit arithmetic: its int64 products masked to 32 bits are exactly uint32's
+        # wrapping products, and its shifts of values below 2**32 are logical ones.
+        x = x ^ (x >> 16)
+        x = x * _MIX_A
+        x = x ^ (x >> 15)
+        x = x * _MIX_B
+        x = x ^ (x >> 16)
+        x = x * _MIX_C
+        return x ^ (x >> 15)
+
+    @triton.jit
+    def _gumbel_noise(seed, draw, tokens):
+        # `sampling.gumbel_noise` for one row: the key of (seed, draw), then each token's 32 bits, then (0, 1).
+        # Only the low 32 bits of the seed and of the draw index reach the hash, as `& MASK32` keeps them there.
+        key = _mix(seed.to(tl.uint32) ^ (draw.to(tl.uint32) * _DRAW_STRIDE))
+        bits = _mix(key + tokens.to(tl.uint32) * _TOKEN_STRIDE)
+        uniform = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / (1 << 23))
+        # libdevice's log is the logf PyTorch's own log kernel calls.
+        return -libdevice.log(-libdevice.log(uniform))
+
+    @triton.jit
+    def _sample_rows_kernel(scores_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seeds_ptr, draws_ptr, out_ptr,
+                            scores_row_stride, vocab, seeds_stride, draws_stride, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         in_vocab = cols < vocab
@@ -93,6 +132,7 @@ if HAS_TRITON:
             smallest_kept = tl.min(tl.where(is_cut, float("inf"), ascending), axis=0)
             filtered = tl.where(filtered >= smallest_kept, filtered, float("-inf"))
 
-        noise = tl.load(gumbel_ptr + row * gumbel_row_stride + cols, mask=in_vocab, other=0.0)
+        seed = tl.load(seeds_ptr + row * seeds_stride).to(tl.int64)
+        noise = _gumbel_noise(seed, tl.load(draws_ptr + row * draws_stride).to(tl.int64), cols)
         drawn = tl.argmax(tl.where(in_vocab, filtered + noise, float("-inf")), axis=0, tie_break_left=True)
         tl.store(out_ptr + row, tl.where(temperature > 0, drawn, greedy).to(tl.int64))
