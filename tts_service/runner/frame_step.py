@@ -56,8 +56,9 @@ class PredictorCache:
 
 class PagedPredictorCache:
     """The code predictor's keys/values in the paged layout that the talker's Triton kernels read: one block of
-    G positions per row (block b holds row b). A codebook's attention is then a store and one attention kernel
-    per layer, where `PredictorCache` runs two cache copies, two GQA expansions and SDPA."""
+    G positions per row (block b holds row b). A codebook's attention is then one attention kernel per layer,
+    which also stores the new key and value, where `PredictorCache` runs two cache copies, two GQA expansions and
+    SDPA."""
 
     def __init__(self, talker: Talker, max_batch_size: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = talker.config.code_predictor
@@ -79,12 +80,13 @@ class PagedPredictorCache:
         layer = self.cache.layer(layer_index)
         tables = self.block_tables[:batch]
         scratch = self.cache.scratch_block
+        if self.num_tokens == 1:
+            positions = self.positions[self.start, :batch]
+            return decode_attention_triton(layer, query[:, :, 0], key[:, :, 0], value[:, :, 0], tables, positions,
+                                           scratch, num_splits=1)[:, :, None]
         for token in range(self.num_tokens):
             store_kv_triton(layer, key[:, :, token], value[:, :, token], tables,
                             self.positions[self.start + token, :batch], scratch)
-        if self.num_tokens == 1:
-            positions = self.positions[self.start, :batch]
-            return decode_attention_triton(layer, query[:, :, 0], tables, positions, num_splits=1)[:, :, None]
         # Only the frame's first call holds several tokens, and they are the whole sequence: a square causal mask.
         return F.scaled_dot_product_attention(query, repeat_kv(key, num_heads), repeat_kv(value, num_heads),
                                               is_causal=True)

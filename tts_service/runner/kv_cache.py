@@ -174,6 +174,18 @@ def decode_attention_torch(layer_cache: torch.Tensor, query: torch.Tensor, block
 if HAS_TRITON:
 
     @triton.jit
+    def _cache_slot(block_tables_ptr, row, position, head, stride_table_row, max_blocks, scratch_block,
+                    stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE: tl.constexpr):
+        """Where a row's token at `position` lives for one kv head; past the row's table, the scratch block."""
+        block_index = position // BLOCK_SIZE
+        in_range = block_index < max_blocks
+        block = tl.load(block_tables_ptr + row.to(tl.int64) * stride_table_row
+                        + tl.minimum(block_index, max_blocks - 1))
+        block = tl.where(in_range, block, scratch_block)
+        return (block.to(tl.int64) * stride_cache_block
+                + (position % BLOCK_SIZE).to(tl.int64) * stride_cache_slot + head * stride_cache_head)
+
+    @triton.jit
     def _store_kv_kernel(key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, positions_ptr,
                          stride_kb, stride_kh, stride_vb, stride_vh,
                          stride_cache_block, stride_cache_slot, stride_cache_head,
@@ -181,14 +193,8 @@ if HAS_TRITON:
                          HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
         row = tl.program_id(0)
         head = tl.program_id(1)
-        position = tl.load(positions_ptr + row)
-        block_index = position // BLOCK_SIZE
-        in_range = block_index < max_blocks
-        block = tl.load(block_tables_ptr + row.to(tl.int64) * stride_table_row
-                        + tl.minimum(block_index, max_blocks - 1))
-        block = tl.where(in_range, block, scratch_block)
-        slot = (block.to(tl.int64) * stride_cache_block
-                + (position % BLOCK_SIZE).to(tl.int64) * stride_cache_slot + head * stride_cache_head)
+        slot = _cache_slot(block_tables_ptr, row, tl.load(positions_ptr + row), head, stride_table_row, max_blocks,
+                           scratch_block, stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE)
         dims = tl.arange(0, HEAD_DIM)
         key = tl.load(key_ptr + row.to(tl.int64) * stride_kb + head * stride_kh + dims)
         value = tl.load(value_ptr + row.to(tl.int64) * stride_vb + head * stride_vh + dims)
@@ -196,32 +202,42 @@ if HAS_TRITON:
         tl.store(value_cache_ptr + slot + dims, value)
 
     @triton.jit
-    def _decode_attention_kernel(query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, positions_ptr,
-                                 out_ptr, lse_ptr,
-                                 stride_qb, stride_qh,
+    def _decode_attention_kernel(query_ptr, key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr,
+                                 positions_ptr, out_ptr, lse_ptr,
+                                 stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
                                  stride_cache_block, stride_cache_slot, stride_cache_head,
                                  stride_table_row,
                                  stride_ob, stride_oh, stride_osplit,
                                  stride_lb, stride_lh,
-                                 scale_log2, max_blocks,
+                                 scale_log2, max_blocks, scratch_block,
                                  GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
                                  DOT_PRECISION: tl.constexpr):
-        """One program per (row, kv head, split): all query heads of the group, online softmax."""
+        """One program per (row, kv head, split): all query heads of the group, online softmax. The row's new key
+        and value are attended from the registers and written to the cache by split 0: no program reads that
+        slot's memory for anything it keeps, so no other launch has to store them first."""
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
+        dims = tl.arange(0, HEAD_DIM)
+        position = tl.load(positions_ptr + row)
+        new_key = tl.load(key_ptr + row.to(tl.int64) * stride_kb + kv_head * stride_kh + dims)
+        new_value = tl.load(value_ptr + row.to(tl.int64) * stride_vb + kv_head * stride_vh + dims)
+        if split == 0:
+            slot = _cache_slot(block_tables_ptr, row, position, kv_head, stride_table_row, max_blocks, scratch_block,
+                               stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE)
+            tl.store(key_cache_ptr + slot + dims, new_key)
+            tl.store(value_cache_ptr + slot + dims, new_value)
 
         heads = tl.arange(0, BLOCK_H)
         head_valid = heads < GROUP
         query_heads = kv_head * GROUP + heads
-        dims = tl.arange(0, HEAD_DIM)
         # Rows of the group beyond GROUP load zeros: tl.dot needs >= 16 rows, and zeros stay finite.
         query_rows = query_ptr + row.to(tl.int64) * stride_qb + query_heads[:, None] * stride_qh
         query = tl.load(query_rows + dims[None, :], mask=head_valid[:, None], other=0.0)
 
         # Clamping to the table's span keeps a bad position from reading past the row's table.
-        context = tl.minimum(tl.load(positions_ptr + row) + 1, max_blocks * BLOCK_SIZE).to(tl.int32)
+        context = tl.minimum(position + 1, max_blocks * BLOCK_SIZE).to(tl.int32)
         num_tiles = tl.cdiv(context, TILE)
         tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
         first_tile = split * tiles_per_split
@@ -241,8 +257,11 @@ if HAS_TRITON:
             slots = (blocks.to(tl.int64) * stride_cache_block
                      + (tokens % BLOCK_SIZE).to(tl.int64) * stride_cache_slot + kv_head * stride_cache_head)
             addresses = slots[:, None] + dims[None, :]
-            keys = tl.load(key_cache_ptr + addresses, mask=valid[:, None], other=0.0)
-            values = tl.load(value_cache_ptr + addresses, mask=valid[:, None], other=0.0)
+            is_new = (tokens == position)[:, None]
+            keys = tl.where(is_new, new_key[None, :], tl.load(key_cache_ptr + addresses, mask=valid[:, None],
+                                                               other=0.0))
+            values = tl.where(is_new, new_value[None, :], tl.load(value_cache_ptr + addresses, mask=valid[:, None],
+                                                                   other=0.0))
             scores = tl.dot(query, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
             scores = tl.where(valid[None, :], scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, 1))
@@ -327,11 +346,13 @@ def store_kv_triton(layer_cache: torch.Tensor, key: torch.Tensor, value: torch.T
         HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1], num_warps=1)
 
 
-def decode_attention_triton(layer_cache: torch.Tensor, query: torch.Tensor, block_tables: torch.Tensor,
-                            positions: torch.Tensor, num_splits: int) -> torch.Tensor:
-    """query [B, H, D] over positions 0..positions[b] -> [B, H, D]; split-K when num_splits > 1."""
+def decode_attention_triton(layer_cache: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            block_tables: torch.Tensor, positions: torch.Tensor, scratch_block: int,
+                            num_splits: int) -> torch.Tensor:
+    """Stores each row's new key/value [B, KV, D] at its position (as `store_kv_triton` does) and attends with
+    query [B, H, D] over positions 0..positions[b] -> [B, H, D], in one launch; split-K when num_splits > 1."""
     key_cache, value_cache = layer_cache[0], layer_cache[1]
-    query = _unit_last_stride(query)
+    query, key, value = _unit_last_stride(query), _unit_last_stride(key), _unit_last_stride(value)
     batch, num_heads, head_dim = query.shape
     kv_heads = key_cache.shape[2]
     group = num_heads // kv_heads
@@ -346,11 +367,11 @@ def decode_attention_triton(layer_cache: torch.Tensor, query: torch.Tensor, bloc
         target_strides = (target.stride(0), target.stride(1), target.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
     _decode_attention_kernel[(batch, kv_heads, num_splits)](
-        query, key_cache, value_cache, block_tables, positions, target, lse,
-        query.stride(0), query.stride(1),
+        query, key, value, key_cache, value_cache, block_tables, positions, target, lse,
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0), *target_strides, *lse_strides,
-        _LOG2_E / math.sqrt(head_dim), block_tables.shape[1],
+        _LOG2_E / math.sqrt(head_dim), block_tables.shape[1], scratch_block,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=key_cache.shape[1], TILE=_decode_tile(query.dtype, block_tables.shape[1] * key_cache.shape[1]),
         NUM_SPLITS=num_splits,
@@ -476,10 +497,8 @@ class PagedDecodeBackend:
         positions = self.positions[:batch]
         layer_cache = self.cache.layer(layer_index)
         if self.use_triton:
-            store_kv_triton(layer_cache, key[:, :, 0], value[:, :, 0], block_tables, positions,
-                            self.cache.scratch_block)
-            out = decode_attention_triton(layer_cache, query[:, :, 0], block_tables, positions,
-                                          self.num_splits(batch))
+            out = decode_attention_triton(layer_cache, query[:, :, 0], key[:, :, 0], value[:, :, 0], block_tables,
+                                          positions, self.cache.scratch_block, self.num_splits(batch))
             return out[:, :, None]
         slots = flat_slots(block_tables, positions, self.cache.block_size, self.cache.scratch_block)
         store_kv_torch(layer_cache, key[:, :, 0], value[:, :, 0], slots)

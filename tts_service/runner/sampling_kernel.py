@@ -53,9 +53,10 @@ def sample_rows(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
     batch, vocab = scores.shape
     out = torch.empty(batch, dtype=torch.int64, device=scores.device)
     block = triton.next_power_of_2(vocab)
+    # 8 warps from 2048 tokens: a row of 2048 took 9.9 us against 11.9 with 4 on an H100, at 1 and 128 rows.
     _sample_rows_kernel[(batch,)](scores, temperature, top_k, top_p, seeds, draws, out, scores.stride(0), vocab,
                                   seeds.stride(0), draws.stride(0), BLOCK=block,
-                                  num_warps=8 if block >= 4096 else 4)
+                                  num_warps=8 if block >= 2048 else 4)
     return out
 
 
