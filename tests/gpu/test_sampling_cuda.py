@@ -93,7 +93,7 @@ def test_the_sampling_kernels_top_p_cut_matches_the_torch_chain_away_from_float_
 
 
 def test_the_sampling_kernel_never_draws_a_removed_token() -> None:
-    """Rows where most of the vocabulary is removed and the rest ties, so the noise picks among few tokens."""
+    """Rows where all but 16 tokens are removed, so the noise decides among few kept tokens and many removed."""
     rows = random_rows(2048, 2048, seed=3, top_p=0.9)
     rows.scores[:, 16:2048 - 100] = float("-inf")
     rows.scores[::7, :16] = 0.0  # random_rows removed these rows' first half
