@@ -186,15 +186,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="frames per codec chunk, first chunks first (default: the engine's)")
     parser.add_argument("--codec-dtype", default="float32", choices=("float32", "bfloat16"),
                         help="the codec decoder's dtype (the engine's --codec-dtype)")
+    parser.add_argument("--codec-convolution-dtype", default="float32", choices=("float32", "float16"),
+                        help="what a float32 codec's convolutions read and write (the engine's option of that name)")
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
-    model = load_model(args.model, LoadOptions.default_for(args.device, args.codec_dtype))
+    model = load_model(args.model, LoadOptions.default_for(args.device, args.codec_dtype, args.codec_convolution_dtype))
     started = time.perf_counter()
     schedule = {} if args.codec_chunk_schedule is None else {
         "codec_chunk_schedule": tuple(int(n) for n in args.codec_chunk_schedule.split(","))}
     engine = Engine.create(model, EngineConfig(max_running=max(levels), max_waiting=4 * max(levels),
                                                max_positions_per_request=1024, profile_steps=args.profile_steps,
-                                               codec_dtype=args.codec_dtype, **schedule))
+                                               codec_dtype=args.codec_dtype,
+                                               codec_convolution_dtype=args.codec_convolution_dtype, **schedule))
     startup_s = time.perf_counter() - started
     frame_s = 1.0 / model.speech_config.frame_rate_hz
     summaries, timings = asyncio.run(run_benchmark(engine, levels, frame_s, args.non_streaming_text))
@@ -202,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "engine", "device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
               "model": args.model, "dtype": str(engine.runner.dtype), "startup_s": startup_s,
               "non_streaming_text": args.non_streaming_text, "codec_dtype": args.codec_dtype,
+              "codec_convolution_dtype": args.codec_convolution_dtype,
               "command": " ".join(["python -m benchmarks.engine", *(argv or sys.argv[1:])]),
               "texts": list(BENCH_TEXTS), "levels": summaries, "requests": [asdict(t) for t in timings]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
