@@ -7,7 +7,8 @@ the same random codes in fp32 and in bf16 (the reference in bf16 is what `qwen-t
 `dtype=torch.bfloat16`, as its examples do). The yardstick for every variant is the reference in fp32 with cuDNN's
 TF32 off, the exact answer; `reference_float32` is the reference as it runs by default, its convolutions in TF32
 (PyTorch's default for cuDNN), which is what this decoder runs too. Ours is decoded twice per dtype: in one shot,
-and as the engine streams it, one frame per `decode_chunk` call.
+and as the engine streams it, one frame per `decode_chunk` call; in fp32 also with its convolutions in fp16
+(`--codec-convolution-dtype float16`).
 REFERENCE_SITE holds qwen-tts and its pins (`bash benchmarks/fetch_wheels.sh ref`).
 """
 
@@ -80,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             waves[f"reference_{name}"] = reference(codes)[:, 0].float()
             waves[f"ours_{name}_one_shot"] = ours(codes)[:, 0].float()
             waves[f"ours_{name}_streamed"] = streamed(ours, codes).float()
+            if dtype == torch.float32:
+                ours.use_half_convolutions(True)
+                waves["ours_float32_fp16_convolutions_one_shot"] = ours(codes)[:, 0].float()
+                waves["ours_float32_fp16_convolutions_streamed"] = streamed(ours, codes).float()
+                ours.use_half_convolutions(False)
     errors = {name: waveform_error(wave, yardstick) for name, wave in waves.items()}
     report = {"benchmark": "codec_fidelity", "device": torch.cuda.get_device_name() if device.type == "cuda"
               else "cpu", "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": args.rows,
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=2))
     sys.stdout.write(f"against the reference in exact fp32 (waveform rms {report['yardstick_rms']:.4f}):\n")
     for name, error in errors.items():
-        sys.stdout.write(f"  {name:<24} max {error['max_abs']:.2e}  rms {error['rms']:.2e}  "
+        sys.stdout.write(f"  {name:<40} max {error['max_abs']:.2e}  rms {error['rms']:.2e}  "
                          f"snr {error['snr_db']:6.1f} dB\n")
     return 0
 

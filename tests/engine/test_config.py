@@ -61,3 +61,23 @@ def test_engine_load_builds_the_codec_decoder_in_the_configured_dtype() -> None:
 def test_an_unknown_codec_dtype_is_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match=r"EngineConfig\.codec_dtype must be one of float32, bfloat16"):
         EngineConfig(codec_dtype="float16")
+
+
+def test_engine_load_runs_the_codec_convolutions_in_fp16_when_asked() -> None:
+    config = EngineConfig(max_running=2, codec_convolution_dtype="float16")
+    engine = Engine.load("random:tiny-custom_voice", "cpu", config)
+    decoder = engine.runner.model.codec_decoder
+    assert decoder.pre_conv.conv.weight.dtype == torch.float32
+    assert decoder.pre_conv.stored_dtype() == torch.float16
+    assert decoder.decoder[-1].stored_dtype() == torch.float32  # the waveform's convolution
+    assert {state.dtype for state in engine.runner.codec_state.conv} == {torch.float16, torch.float32}
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"codec_convolution_dtype": "bfloat16"}, r"codec_convolution_dtype must be one of float32, float16"),
+    ({"codec_convolution_dtype": "float16", "codec_dtype": "bfloat16"},
+     r"codec_convolution_dtype must be float32 unless codec_dtype is float32"),
+])
+def test_a_codec_convolution_dtype_the_decoder_cannot_run_is_refused(settings: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=rf"EngineConfig\.{message}"):
+        EngineConfig(**settings)

@@ -135,6 +135,48 @@ def test_snake_after_history_writes_what_concatenating_the_eager_chain_would(dty
         assert torch.equal(history, expected_history)
 
 
+@pytest.mark.parametrize(("length", "channels"), [(1, 1536), (1920, 96), (3000, 7)])
+def test_snake_stores_fp16_for_a_half_convolution_as_the_fp32_eager_chain_then_a_cast(length: int,
+                                                                                     channels: int) -> None:
+    """What a half-precision convolution reads: snake of the fp32 residual stream, and snake of an fp16
+    convolution output plus its fp32 bias, each worked out in fp32 and rounded to fp16 once."""
+    x = activations(3, length, channels, dtype=torch.float32)
+    bias = activations(channels, dtype=torch.float32, seed=6)
+    log_alpha = 0.3 * activations(channels, dtype=torch.float32, seed=1)
+    log_beta = 0.3 * activations(channels, dtype=torch.float32, seed=2)
+    tables = fused_ops.snake_beta_tables(log_alpha, log_beta)
+    fused = fused_ops.snake_beta(x, log_alpha, log_beta, tables, dtype=torch.float16)
+    assert fused.dtype == torch.float16
+    assert torch.equal(fused, fused_ops.snake_beta_eager(x, log_alpha, log_beta).half())
+    half = x.half()
+    fused = fused_ops.snake_beta(half, log_alpha, log_beta, tables, bias, dtype=torch.float16)
+    assert torch.equal(fused, fused_ops.snake_beta_eager(half + bias, log_alpha, log_beta).half())
+
+
+@pytest.mark.parametrize(("history_size", "length", "channels"), [(54, 1, 96), (6, 1920, 96), (1, 4, 1536)])
+def test_snake_after_an_fp16_history_writes_fp16_as_the_eager_chain_then_a_cast(history_size: int, length: int,
+                                                                                channels: int) -> None:
+    log_alpha = 0.3 * activations(channels, dtype=torch.float32, seed=1)
+    log_beta = 0.3 * activations(channels, dtype=torch.float32, seed=2)
+    history = activations(3, history_size, channels, dtype=torch.float16, seed=3)
+    x = activations(3, length, channels, dtype=torch.float32, seed=4)
+    expected = torch.cat((history, fused_ops.snake_beta_eager(x, log_alpha, log_beta).half()), dim=1)
+    extended = fused_ops.snake_beta_after_history(x, log_alpha, log_beta,
+                                                  fused_ops.snake_beta_tables(log_alpha, log_beta), history)
+    assert torch.equal(extended, expected)
+    assert torch.equal(history, expected[:, -history_size:])
+
+
+@pytest.mark.parametrize(("length", "channels"), [(1, 768), (1920, 96)])
+def test_add_biased_upcasts_a_half_convolution_output_as_the_eager_adds_do(length: int, channels: int) -> None:
+    x = activations(3, length, channels, dtype=torch.float32)
+    y = activations(3, length, channels, dtype=torch.float16, seed=4)
+    bias = activations(channels, dtype=torch.float32, seed=6)
+    fused = fused_ops.add_biased(x, y, bias)
+    assert fused.dtype == torch.float32
+    assert torch.equal(fused, x + (y + bias))
+
+
 @pytest.mark.parametrize(("start", "length"), [(0, 2), (7, 1)])
 def test_qk_norm_rope_reads_one_table_row_for_every_batch_row(start: int, length: int) -> None:
     """The code predictor hands the kernel a slice of one [1, G, D] table expanded over the batch (batch stride

@@ -44,10 +44,13 @@ def test_audio_left_in_flight_while_the_next_frames_run_equals_the_stream_decode
 
 
 @pytest.mark.usefixtures("fp32_convolutions")
-def test_graph_captured_codec_chunks_equal_eager_chunks_on_gpu() -> None:
+@pytest.mark.parametrize("is_half", [False, True], ids=["fp32", "fp16-convolutions"])
+def test_graph_captured_codec_chunks_equal_eager_chunks_on_gpu(is_half: bool) -> None:
     """Same chunking both ways; the captured graphs pad 3 rows to their 4-row bucket, and the padding row must
-    change nothing (the one-shot comparison is the CPU test's job)."""
-    model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
+    change nothing (the one-shot comparison is the CPU test's job). With fp16 convolutions the graphs' autotuned
+    kernels sum in other orders than the eager ones, which tips some fp16 roundings the other way."""
+    options = LoadOptions(device=torch.device("cuda"), dtype=torch.float32, codec_half_convolutions=is_half)
+    model = load_model("random:tiny-custom_voice", options)
     config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=8, max_positions_per_request=32,
                           graph_batch_sizes=(1, 2), codec_chunk_schedule=(1, 2, 4))
     frame_rate_hz = model.speech_config.frame_rate_hz
@@ -65,7 +68,12 @@ def test_graph_captured_codec_chunks_equal_eager_chunks_on_gpu() -> None:
         streams.append(np.concatenate([runner.decode_audio(slots, codes[:, start:end])
                                        for start, end in ((0, 1), (1, 3), (3, 7), (7, 10))], axis=1))
     difference = np.abs(streams[0] - streams[1]).max()
-    assert difference <= 1e-5, f"graph and eager audio differ by {difference}"
+    if not is_half:
+        assert difference <= 1e-5, f"graph and eager audio differ by {difference}"
+        return
+    error_power = np.sum((streams[0] - streams[1]).astype(np.float64) ** 2)
+    error_db = np.inf if error_power == 0 else 10 * np.log10(np.sum(streams[1].astype(np.float64) ** 2) / error_power)
+    assert error_db > 45, f"graph and eager audio differ by {difference} ({error_db:.1f} dB)"
 
 
 def test_a_burst_of_prefills_beyond_the_largest_prefill_graph_replays_graphs_in_groups_and_equals_eager() -> None:

@@ -212,7 +212,8 @@ class Engine:
              new_stream: Callable[[str], RequestStream] | None = None) -> Engine:
         """Load `source` (a directory, a repo id or random:<preset>; offline, the default model falls back to a
         tiny random one) on `device` and create an engine for it. Raises CheckpointError."""
-        options = LoadOptions.default_for(device, codec_decoder_dtype=config.codec_dtype)
+        options = LoadOptions.default_for(device, codec_decoder_dtype=config.codec_dtype,
+                                          codec_convolution_dtype=config.codec_convolution_dtype)
         model = load_with_offline_fallback(source, options)
         if model.is_random:
             logger.warning("the model %s has RANDOM weights: its audio is noise, not speech", model.source)

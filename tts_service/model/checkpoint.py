@@ -55,13 +55,18 @@ class LoadOptions:
     # The codec decoder stays fp32 by default: in bf16 its waveform moves by up to ~0.08 from fp32 on random
     # weights, as the reference's own does in bf16 (BENCHMARKS.md, "codec fidelity"); bf16 is an opt-in.
     codec_decoder_dtype: torch.dtype = torch.float32
+    # An fp32 decoder's convolutions read and write fp16 (CodecDecoder.use_half_convolutions).
+    codec_half_convolutions: bool = False
 
     @classmethod
-    def default_for(cls, device: str | torch.device, codec_decoder_dtype: str = "float32") -> LoadOptions:
-        """bf16 on CUDA and fp32 elsewhere; the codec decoder in `codec_decoder_dtype` ("float32" or "bfloat16")."""
+    def default_for(cls, device: str | torch.device, codec_decoder_dtype: str = "float32",
+                    codec_convolution_dtype: str = "float32") -> LoadOptions:
+        """bf16 on CUDA and fp32 elsewhere; the codec decoder in `codec_decoder_dtype` ("float32" or "bfloat16"), its
+        convolutions in `codec_convolution_dtype` (that, or "float16" for a float32 decoder)."""
         device = torch.device(device)
         return cls(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
-                   codec_decoder_dtype=getattr(torch, codec_decoder_dtype))
+                   codec_decoder_dtype=getattr(torch, codec_decoder_dtype),
+                   codec_half_convolutions=codec_convolution_dtype == "float16")
 
 
 @dataclass
@@ -260,6 +265,7 @@ def finish_loading(source: str, config: ModelConfig, speech_config: SpeechTokeni
         if module is not None:
             cast_weights_(module, options.dtype).eval().requires_grad_(False)
     cast_weights_(modules.codec_decoder, options.codec_decoder_dtype).eval().requires_grad_(False)
+    modules.codec_decoder.use_half_convolutions(options.codec_half_convolutions)
     return LoadedModel(
         source=source,
         config=config,

@@ -70,13 +70,32 @@ class CodecStreamState:
             target.index_copy_(dim, rows, source)
 
 
-class _Stateful(nn.Module):
-    """A layer that carries history; the decoder assigns it a slot in `CodecStreamState.conv`."""
+class _Convolution(nn.Module):
+    """A convolution layer (self.conv) whose input, filter and output may be stored in a narrower dtype than its
+    parameters: `input_dtype`, set by `CodecDecoder.use_half_convolutions`. cuDNN then reads and writes half the
+    bytes and runs fp16 tensor-core kernels, which accumulate in fp32. Such a layer adds its bias in the
+    parameters' dtype, on the upcast output, and carries its history in `input_dtype`."""
 
-    slot: int = -1
+    conv: nn.Conv1d | nn.ConvTranspose1d
+    input_dtype: torch.dtype | None = None  # None: the parameters' dtype
+    slot: int = -1  # layers with history: their place in `CodecStreamState.conv`
 
     def state_shape(self) -> tuple[int, int] | None:
         raise NotImplementedError
+
+    def stored_dtype(self) -> torch.dtype:
+        """The dtype this layer reads its input in (and keeps its history in)."""
+        return self.conv.weight.dtype if self.input_dtype is None else self.input_dtype
+
+    def _is_narrowed(self) -> bool:
+        return self.stored_dtype() != self.conv.weight.dtype
+
+    def _convolve(self, x: torch.Tensor, filters: torch.Tensor, bias: torch.Tensor | None,
+                  dilation: int = 1, groups: int = 1) -> torch.Tensor:
+        if not self._is_narrowed():
+            return _convolve_over_time(x, filters, bias, dilation, groups)
+        y = _convolve_over_time(x, filters, None, dilation, groups)
+        return y if bias is None else y + bias  # upcast to the parameters' dtype by the add
 
 
 class _DerivedTensors:
@@ -86,9 +105,11 @@ class _DerivedTensors:
         self._values: tuple[torch.Tensor, ...] = ()
         self._key: tuple[object, ...] | None = None
 
-    def get(self, parameters: tuple[torch.Tensor | None, ...],
-            build: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
-        key = tuple(None if p is None else (p.data_ptr(), p._version, p.dtype, p.device) for p in parameters)
+    def get(self, parameters: tuple[torch.Tensor | None, ...], build: Callable[[], tuple[torch.Tensor, ...]],
+            *settings: object) -> tuple[torch.Tensor, ...]:
+        """`settings`: whatever else the tensors depend on (a dtype to store them in)."""
+        key = (*(None if p is None else (p.data_ptr(), p._version, p.dtype, p.device) for p in parameters),
+               *settings)
         if self._key != key:
             with torch.no_grad():
                 self._values = build()
@@ -111,7 +132,7 @@ def _convolve_over_time(x: torch.Tensor, filters: torch.Tensor, bias: torch.Tens
     return y.squeeze(2).transpose(1, 2)
 
 
-class CausalConv1d(_Stateful):
+class CausalConv1d(_Convolution):
     """Stride-1 convolution that sees only the past; its state is the last inputs it must look back at."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1,
@@ -128,27 +149,30 @@ class CausalConv1d(_Stateful):
                 input_bias: torch.Tensor | None = None, with_bias: bool = True) -> torch.Tensor:
         """conv(activation(x + input_bias)) (conv(x) without an activation) over time-major x [B, L, in], carrying
         the history across calls; `with_bias=False` leaves this convolution's bias for its caller to add."""
+        dtype = self.stored_dtype()
         if not self.history:
-            return self._convolve(x if activation is None else activation(x, input_bias=input_bias), with_bias)
+            inputs = x.to(dtype) if activation is None else activation(x, input_bias=input_bias, dtype=dtype)
+            return self._convolve_with_filters(inputs, with_bias)
         if input_bias is not None:
             raise ValueError("an input bias is added only ahead of a convolution without history")
         past = states[self.slot]
         # A fresh state is zeros, which is exactly the zero left-padding of a one-shot decode.
         if activation is not None:
-            return self._convolve(activation.after_history(x, past), with_bias)
-        extended = torch.cat((past, x), dim=1)
+            return self._convolve_with_filters(activation.after_history(x, past), with_bias)
+        extended = torch.cat((past, x.to(dtype)), dim=1)
         past.copy_(extended[:, x.shape[1]:])
-        return self._convolve(extended, with_bias)
+        return self._convolve_with_filters(extended, with_bias)
 
-    def _convolve(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+    def _convolve_with_filters(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         conv = self.conv
         # A copy of the checkpoint's weight (126 MB over the released decoder in fp32), so that the parameter keeps
         # the checkpoint's layout for saving and for the reference's state dict.
-        (filters,) = self._filters.get((conv.weight,), lambda: (_channels_last_filter(conv.weight),))
-        return _convolve_over_time(x, filters, conv.bias if with_bias else None, conv.dilation[0], conv.groups)
+        dtype = self.stored_dtype()
+        (filters,) = self._filters.get((conv.weight,), lambda: (_channels_last_filter(conv.weight).to(dtype),), dtype)
+        return self._convolve(x, filters, conv.bias if with_bias else None, conv.dilation[0], conv.groups)
 
 
-class CausalConvTranspose1d(_Stateful):
+class CausalConvTranspose1d(_Convolution):
     """Transposed convolution trimmed on the right, computed in its polyphase form.
 
     With stride s and kernel s + o (o <= s), output sample t*s + p is x[t]·W[..., p] plus, for p < o,
@@ -187,9 +211,9 @@ class CausalConvTranspose1d(_Stateful):
             if overlap:
                 phases[:, :overlap, :, 0] = weight[..., stride:].permute(0, 2, 1)
             filters = phases.reshape(in_channels, stride * out_channels, taps).transpose(0, 1)
-            return _channels_last_filter(filters), self.conv.bias.repeat(stride)
+            return _channels_last_filter(filters).to(self.stored_dtype()), self.conv.bias.repeat(stride)
 
-        filters, bias = self._phases.get((self.conv.weight, self.conv.bias), build)
+        filters, bias = self._phases.get((self.conv.weight, self.conv.bias), build, self.stored_dtype())
         return filters, bias
 
     def forward(self, x: torch.Tensor, states: ConvStates, activation: SnakeBeta | None = None) -> torch.Tensor:
@@ -197,16 +221,17 @@ class CausalConvTranspose1d(_Stateful):
         [B, T * stride, out], carrying the last input frame."""
         batch, num_steps, _ = x.shape
         filters, bias = self.phase_filters()
+        dtype = self.stored_dtype()
         if self.overlap:
             previous = states[self.slot]
             if activation is not None:
                 extended = activation.after_history(x, previous)
             else:
-                extended = torch.cat((previous, x), dim=1)
+                extended = torch.cat((previous, x.to(dtype)), dim=1)
                 previous.copy_(x[:, -1:])
         else:  # no tap reaches back: the current input's alone
-            extended = x if activation is None else activation(x)
-        y = _convolve_over_time(extended, filters, bias)  # [B, T, stride * out], phase-major
+            extended = x.to(dtype) if activation is None else activation(x, dtype=dtype)
+        y = self._convolve(extended, filters, bias)  # [B, T, stride * out], phase-major
         return y.reshape(batch, num_steps * self.stride, self.conv.out_channels)
 
 
@@ -226,18 +251,20 @@ class SnakeBeta(nn.Module):
                                               lambda: fused_ops.snake_beta_tables(self.alpha, self.beta))
         return frequency, inverse
 
-    def forward(self, x: torch.Tensor, states: ConvStates = (), input_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """self(x + input_bias), the sum rounded first (self(x) without one)."""
+    def forward(self, x: torch.Tensor, states: ConvStates = (), input_bias: torch.Tensor | None = None,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+        """self(x + input_bias), the sum rounded first (self(x) without one), stored in `dtype` (x's by default)."""
         if self.is_fused:
-            return fused_ops.snake_beta(x, self.alpha, self.beta, self._kernel_tables(), input_bias)
-        return fused_ops.snake_beta_eager(x if input_bias is None else x + input_bias, self.alpha, self.beta)
+            return fused_ops.snake_beta(x, self.alpha, self.beta, self._kernel_tables(), input_bias, dtype)
+        activated = fused_ops.snake_beta_eager(x if input_bias is None else x + input_bias, self.alpha, self.beta)
+        return activated.to(x.dtype if dtype is None else dtype)
 
     def after_history(self, x: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
-        """[history | self(x)] along time (dimension 1), with `history` [B, H, C] advanced in place to the last H
-        steps of that."""
+        """[history | self(x)] along time (dimension 1), in the history's dtype, with `history` [B, H, C] advanced in
+        place to the last H steps of that."""
         if self.is_fused:
             return fused_ops.snake_beta_after_history(x, self.alpha, self.beta, self._kernel_tables(), history)
-        extended = torch.cat((history, self(x)), dim=1)
+        extended = torch.cat((history, self(x, dtype=history.dtype)), dim=1)
         history.copy_(extended[:, x.shape[1]:])
         return extended
 
@@ -543,7 +570,7 @@ class CodecDecoder(nn.Module):
             SnakeBeta(dims[-1]),
             CausalConv1d(dims[-1], 1, 7),
         ])
-        self._stateful = [m for m in self.modules() if isinstance(m, _Stateful) and m.state_shape()]
+        self._stateful = [m for m in self.modules() if isinstance(m, _Convolution) and m.state_shape()]
         for slot, module in enumerate(self._stateful):
             module.slot = slot
 
@@ -561,9 +588,23 @@ class CodecDecoder(nn.Module):
             position=torch.zeros(batch_size, dtype=torch.int64, device=device),
             keys=torch.zeros(kv_shape, dtype=dtype, device=device),
             values=torch.zeros(kv_shape, dtype=dtype, device=device),
-            conv=tuple(torch.zeros((batch_size, *m.state_shape()), dtype=dtype, device=device)
-                       for m in self._stateful),
+            conv=tuple(torch.zeros((batch_size, *m.state_shape()), device=device,
+                                   dtype=dtype if m.input_dtype is None else m.input_dtype) for m in self._stateful),
         )
+
+    def use_half_convolutions(self, enabled: bool) -> int:
+        """Store every convolution's input, filter and output in fp16 (or back in the parameters' dtype), all but
+        the last, which writes the waveform. fp16 keeps the 10-bit mantissa that cuDNN's TF32 kernels round fp32
+        inputs to, and its kernels accumulate in fp32 too; what it adds is one rounding of each output and a
+        range of +-65504. For an fp32 decoder only; a stream state made before this no longer fits. Returns how
+        many layers were switched."""
+        if enabled and self.pre_conv.conv.weight.dtype != torch.float32:
+            raise ValueError("half-precision convolutions are for a float32 decoder")
+        *convolutions, last = [m for m in self.modules() if isinstance(m, _Convolution)]
+        assert last is self.decoder[-1]
+        for module in convolutions:
+            module.input_dtype = torch.float16 if enabled else None
+        return len(convolutions)
 
     def use_fused_kernels(self, enabled: bool) -> int:
         """Switch every SnakeBeta to its one-pass kernel, the pre-transformer's attention, norms and MLPs to theirs

@@ -171,22 +171,29 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def snake_beta(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
-               tables: tuple[torch.Tensor, torch.Tensor], input_bias: torch.Tensor | None = None) -> torch.Tensor:
+               tables: tuple[torch.Tensor, torch.Tensor], input_bias: torch.Tensor | None = None,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
     """snake(x + input_bias) (snake(x) without one) in one pass over x [B, L, C], instead of the eager chain's
     seven, which at 24 kHz move most of the codec's bytes; the sum is rounded first, as a separate add would
-    round it. `tables` are `snake_beta_tables(log_alpha, log_beta)`, worked out once by the caller."""
-    if not (_is_snake_kernel_tensor(x, log_alpha, log_beta) and (input_bias is None or input_bias.dtype == x.dtype)):
-        return snake_beta_eager(x if input_bias is None else x + input_bias, log_alpha, log_beta)
-    out = torch.empty_like(x)
+    round it. `tables` are `snake_beta_tables(log_alpha, log_beta)`, worked out once by the caller. The result is
+    stored in `dtype` (x's by default), for a convolution that reads another dtype than the activations'; x may
+    be stored in one too. Either way the activation is worked out as the eager chain works it out in the tables'
+    dtype (x upcast, every step rounded there), and rounded to `dtype` once, at the end."""
+    dtype = x.dtype if dtype is None else dtype
+    if not (_is_snake_kernel_tensor(x, log_alpha, log_beta)
+            and (input_bias is None or input_bias.dtype == log_alpha.dtype)):
+        return snake_beta_eager(x if input_bias is None else x + input_bias, log_alpha, log_beta).to(dtype)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
     _launch_snake_beta(x, tables, out, x, input_bias)
     return out
 
 
 def add_biased(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """x + (y + bias) for time-major x, y [..., C] and bias [C], in one pass: a convolution's bias added where its
-    output joins the residual stream, rounded as the two separate adds round it."""
-    if not (_is_kernel_tensor(x) and x.is_contiguous() and y.is_contiguous() and x.shape == y.shape
-            and x.dtype == y.dtype == bias.dtype and bias.is_contiguous()):
+    output joins the residual stream, rounded as the two separate adds round it. y may be stored in another
+    dtype than x and the bias (a half-precision convolution's output); it is upcast, as the eager adds upcast it."""
+    if not (_is_kernel_tensor(x) and _is_kernel_tensor(y) and x.is_contiguous() and y.is_contiguous()
+            and x.shape == y.shape and x.dtype == bias.dtype and bias.is_contiguous()):
         return x + (y + bias)
     out = torch.empty_like(x)
     num_elements = x.numel()
@@ -229,23 +236,24 @@ def snake_beta_after_history(x: torch.Tensor, log_alpha: torch.Tensor, log_beta:
     """[history | snake(x)] along time (dimension 1), as a causal convolution reads its input, with `history`
     [B, H, C] advanced in place to the last H steps of that. The activation writes straight after the history
     instead of into a tensor of its own that a concatenation then copies: at the codec's 24 kHz stages those are
-    its largest tensors. The values are snake_beta's, bit for bit."""
+    its largest tensors. The values are snake_beta's in the history's dtype, bit for bit."""
     length = x.shape[1]
-    if not (_is_snake_kernel_tensor(x, log_alpha, log_beta) and history.is_contiguous()
-            and history.dtype == x.dtype):
-        extended = torch.cat((history, snake_beta(x, log_alpha, log_beta, tables)), dim=1)
+    if not (_is_snake_kernel_tensor(x, log_alpha, log_beta) and _is_kernel_tensor(history)
+            and history.is_contiguous()):
+        extended = torch.cat((history, snake_beta(x, log_alpha, log_beta, tables, dtype=history.dtype)), dim=1)
         history.copy_(extended[:, length:])
         return extended
     batch, size, channels = history.shape
-    extended = torch.empty(batch, size + length, channels, dtype=x.dtype, device=x.device)
+    extended = torch.empty(batch, size + length, channels, dtype=history.dtype, device=x.device)
     _launch_snake_beta(x, tables, extended, history)
     history.copy_(extended[:, length:])
     return extended
 
 
 def _is_snake_kernel_tensor(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor) -> bool:
-    return (_is_kernel_tensor(x) and x.dim() == 3 and x.is_contiguous()
-            and x.dtype == log_alpha.dtype == log_beta.dtype)
+    # Parameters in fp32 upcast x of any dtype in the eager chain, as the kernel does; otherwise the dtypes match.
+    return (_is_kernel_tensor(x) and x.dim() == 3 and x.is_contiguous() and log_alpha.dtype == log_beta.dtype
+            and log_alpha.dtype in (x.dtype, torch.float32))
 
 
 def _launch_snake_beta(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
@@ -354,11 +362,12 @@ if HAS_TRITON:
         is_held = offsets < history_size
         is_new = in_row & (offsets >= history_size)
         held = tl.load(history_ptr + row * history_size + offsets, mask=is_held, other=0.0)
-        dtype = out_ptr.dtype.element_ty
+        dtype = frequency_ptr.dtype.element_ty
         channel = offsets % channels
         # The tables hold e^alpha and 1 / (e^beta + 1e-9) already rounded as the eager chain rounds them; each
-        # step below rounds to the activation dtype where the eager chain writes a tensor, and libdevice's sin is
-        # the function PyTorch's own CUDA kernel calls.
+        # step below rounds to the activation dtype (the tables') where the eager chain writes a tensor, and
+        # libdevice's sin is the function PyTorch's own CUDA kernel calls. The store may round once more, to the
+        # dtype a half-precision convolution reads.
         frequency = tl.load(frequency_ptr + channel, mask=is_new, other=0.0).to(tl.float32)
         inverse = tl.load(inverse_ptr + channel, mask=is_new, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + row * (row_size - history_size) + offsets - history_size, mask=is_new,
@@ -367,8 +376,9 @@ if HAS_TRITON:
             x = (x + tl.load(bias_ptr + channel, mask=is_new, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
         wave = libdevice.sin((x * frequency).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
         squared = (wave * wave).to(dtype).to(tl.float32)
-        activated = (x + (inverse * squared).to(dtype).to(tl.float32)).to(dtype)
-        tl.store(out_ptr + row * row_size + offsets, tl.where(is_held, held.to(dtype), activated), mask=in_row)
+        out_dtype = out_ptr.dtype.element_ty
+        activated = (x + (inverse * squared).to(dtype).to(tl.float32)).to(dtype).to(out_dtype)
+        tl.store(out_ptr + row * row_size + offsets, tl.where(is_held, held.to(out_dtype), activated), mask=in_row)
 
     @triton.jit
     def _add_biased_kernel(x_ptr, y_ptr, bias_ptr, out_ptr, num_elements, channels, BLOCK: tl.constexpr):
