@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from tests.reference import import_reference
-from tts_service.model.codec_decoder import CodecDecoder, CodecStreamState
+from tts_service.model.codec_decoder import (
+    CausalConv1d,
+    CausalConvTranspose1d,
+    CodecDecoder,
+    CodecStreamState,
+    DecoderBlock,
+)
 from tts_service.model.configs import CodecDecoderConfig, SpeechTokenizerConfig
 from tts_service.model.random_checkpoint import speech_tokenizer_config_dict
 
@@ -298,14 +304,19 @@ def test_half_convolution_streams_equal_their_one_shot_decode(small_config: Code
     assert abs(signal_to_error_db(streamed, exact) - signal_to_error_db(one_shot, exact)) < 0.5
 
 
-def test_half_convolutions_keep_their_history_in_fp16_all_but_the_waveform_layer(
+def test_half_convolutions_cover_the_decoder_blocks_and_keep_their_history_in_fp16(
         small_config: CodecDecoderConfig) -> None:
     decoder = random_decoder(small_config)
     num_switched = decoder.use_half_convolutions(True)
-    convolutions = [m for m in decoder.modules() if hasattr(m, "stored_dtype")]
-    assert num_switched == len(convolutions) - 1
+    in_blocks = {id(m) for block in decoder.decoder if isinstance(block, DecoderBlock) for m in block.modules()}
+    convolutions = [m for m in decoder.modules() if isinstance(m, CausalConv1d | CausalConvTranspose1d)]
+    assert num_switched == 4 * 7  # per block: the upsampling, and three residual units of two convolutions each
+    for module in convolutions:
+        assert module.stored_dtype() == (torch.float16 if id(module) in in_blocks else torch.float32)
     state = decoder.new_stream_state(2)
-    assert [t.dtype for t in state.conv] == [torch.float16] * (len(state.conv) - 1) + [torch.float32]
+    with_history = [m for m in convolutions if m.state_shape()]
+    assert [t.dtype for t in state.conv] == [m.stored_dtype() for m in with_history]
+    assert {t.dtype for t in state.conv} == {torch.float16, torch.float32}
     assert state.keys.dtype == torch.float32
     decoder.use_half_convolutions(False)
     assert {t.dtype for t in decoder.new_stream_state(1).conv} == {torch.float32}

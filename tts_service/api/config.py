@@ -222,9 +222,10 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("codec-dtype", str.lower, "the codec decoder's dtype: float32 (default) or bfloat16, faster under load; "
                                   "its waveform then moves about as far from fp32 as the reference's own bf16 "
                                   "decoder's does")
-    add("codec-convolution-dtype", str.lower, "what a float32 codec's convolutions read and write: float32 "
-                                              "(default; cuDNN runs them in TF32) or float16, with fp32 "
-                                              "accumulation: faster, the waveform a little further from exact fp32")
+    add("codec-convolution-dtype", str.lower, "what a float32 codec's decoder blocks' convolutions read and "
+                                              "write: float32 (default; cuDNN runs them in TF32) or float16, with "
+                                              "fp32 accumulation: faster, the waveform a little further from exact "
+                                              "fp32")
     add("max-waiting", int, "queued requests beyond which new ones get RESOURCE_EXHAUSTED")
     add("max-message-bytes", int, "largest request message accepted")
     add("max-reference-audio-seconds", float, "longest voice-cloning reference recording")

@@ -57,9 +57,10 @@ class EngineConfig:
     # The codec decoder's dtype: "float32", or "bfloat16", which is faster under load and whose waveform moves
     # from fp32 about as far as the reference's own bf16 decoder does (BENCHMARKS.md, "codec fidelity").
     codec_dtype: str = "float32"
-    # What a float32 codec's convolutions read and write: "float32" (cuDNN's TF32 kernels round their inputs to a
-    # 10-bit mantissa), or "float16": the same mantissa, fp32 accumulation, and each output rounded to fp16 once;
-    # about twice as fast, and the waveform a little further from exact fp32 (BENCHMARKS.md, "fp16 convolutions").
+    # What a float32 codec's decoder blocks' convolutions read and write: "float32" (cuDNN's TF32 kernels round
+    # their inputs to a 10-bit mantissa), or "float16": the same mantissa, fp32 accumulation, and each output
+    # rounded to fp16 once; faster, the waveform a little further from exact fp32 (BENCHMARKS.md, "fp16
+    # convolutions").
     codec_convolution_dtype: str = "float32"
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
     prefill_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
