@@ -85,15 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fused-kernels", action="store_true", help="the eager activation chain")
     parser.add_argument("--profile", default="1:1,128:1", help="batch:frames calls to profile kernel by kernel")
     parser.add_argument("--codec-dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--codec-convolution-dtype", default="float32", choices=("float32", "float16"))
+    parser.add_argument("--codec-convolution-dtype", default="auto", choices=("auto", "float32", "float16"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("this benchmark needs a CUDA GPU")
     batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
     chunk_lengths = tuple(int(t) for t in args.chunk_lengths.split(","))
-    model = load_model(f"random:{args.size}-custom_voice", LoadOptions.default_for("cuda", args.codec_dtype,
-                                                                                   args.codec_convolution_dtype))
+    options = LoadOptions.default_for("cuda", args.codec_dtype, args.codec_convolution_dtype)
+    model = load_model(f"random:{args.size}-custom_voice", options)
     config = EngineConfig(max_running=max(batch_sizes), num_kv_blocks=64, max_positions_per_request=256,
                           graph_batch_sizes=batch_sizes, codec_chunk_schedule=chunk_lengths,
                           prefill_graph_batch_sizes=(), prefill_graph_lengths=(),
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
               "fused_kernels": not args.no_fused_kernels, "codec_dtype": args.codec_dtype,
               "codec_convolution_dtype": args.codec_convolution_dtype,
+              "codec_half_convolutions": options.codec_half_convolutions,
               "command": " ".join(["python -m benchmarks.codec", *(argv or sys.argv[1:])]), "results": results,
               "profiles": profiles, "batch_dependence": dependence}
     args.out.parent.mkdir(parents=True, exist_ok=True)

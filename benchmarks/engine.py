@@ -186,11 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="frames per codec chunk, first chunks first (default: the engine's)")
     parser.add_argument("--codec-dtype", default="float32", choices=("float32", "bfloat16"),
                         help="the codec decoder's dtype (the engine's --codec-dtype)")
-    parser.add_argument("--codec-convolution-dtype", default="float32", choices=("float32", "float16"),
+    parser.add_argument("--codec-convolution-dtype", default="auto", choices=("auto", "float32", "float16"),
                         help="what a float32 codec's convolutions read and write (the engine's option of that name)")
     args = parser.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
-    model = load_model(args.model, LoadOptions.default_for(args.device, args.codec_dtype, args.codec_convolution_dtype))
+    options = LoadOptions.default_for(args.device, args.codec_dtype, args.codec_convolution_dtype)
+    model = load_model(args.model, options)
     started = time.perf_counter()
     schedule = {} if args.codec_chunk_schedule is None else {
         "codec_chunk_schedule": tuple(int(n) for n in args.codec_chunk_schedule.split(","))}
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
               "model": args.model, "dtype": str(engine.runner.dtype), "startup_s": startup_s,
               "non_streaming_text": args.non_streaming_text, "codec_dtype": args.codec_dtype,
               "codec_convolution_dtype": args.codec_convolution_dtype,
+              "codec_half_convolutions": options.codec_half_convolutions,
               "command": " ".join(["python -m benchmarks.engine", *(argv or sys.argv[1:])]),
               "texts": list(BENCH_TEXTS), "levels": summaries, "requests": [asdict(t) for t in timings]}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -63,22 +63,28 @@ def test_an_unknown_codec_dtype_is_refused_naming_the_field() -> None:
         EngineConfig(codec_dtype="float16")
 
 
-def test_engine_load_runs_the_codec_convolutions_in_fp16_when_asked() -> None:
+def test_engine_load_runs_the_codec_residual_units_in_fp16_when_asked() -> None:
     config = EngineConfig(max_running=2, codec_convolution_dtype="float16")
     engine = Engine.load("random:tiny-custom_voice", "cpu", config)
     decoder = engine.runner.model.codec_decoder
     assert decoder.pre_conv.conv.weight.dtype == torch.float32
-    assert decoder.pre_conv.stored_dtype() == torch.float32
-    first_block = decoder.decoder[1]
-    assert {m.stored_dtype() for m in first_block.modules() if hasattr(m, "stored_dtype")} == {torch.float16}
-    assert decoder.decoder[-1].stored_dtype() == torch.float32  # the waveform's convolution
+    _, first_block, *_ = decoder.decoder
+    _, upsample, first_unit, *_ = first_block.block  # snake, upsampling, residual units
+    assert first_unit.conv1.stored_dtype() == first_unit.conv2.stored_dtype() == torch.float16
+    assert upsample.stored_dtype() == decoder.pre_conv.stored_dtype() == torch.float32
     assert {state.dtype for state in engine.runner.codec_state.conv} == {torch.float16, torch.float32}
 
 
+def test_engine_load_keeps_the_codec_convolutions_fp32_on_the_cpu_by_default() -> None:
+    engine = Engine.load("random:tiny-custom_voice", "cpu", EngineConfig(max_running=2))
+    assert EngineConfig().codec_convolution_dtype == "auto"
+    assert {state.dtype for state in engine.runner.codec_state.conv} == {torch.float32}
+
+
 @pytest.mark.parametrize(("settings", "message"), [
-    ({"codec_convolution_dtype": "bfloat16"}, r"codec_convolution_dtype must be one of float32, float16"),
+    ({"codec_convolution_dtype": "bfloat16"}, r"codec_convolution_dtype must be one of auto, float32, float16"),
     ({"codec_convolution_dtype": "float16", "codec_dtype": "bfloat16"},
-     r"codec_convolution_dtype must be float32 unless codec_dtype is float32"),
+     r"codec_convolution_dtype must be auto or float32 unless codec_dtype is float32"),
 ])
 def test_a_codec_convolution_dtype_the_decoder_cannot_run_is_refused(settings: dict, message: str) -> None:
     with pytest.raises(ValueError, match=rf"EngineConfig\.{message}"):

@@ -122,3 +122,17 @@ def test_checkpoint_saved_by_reference_loads_without_missing_or_unexpected_tenso
     reference_talker = load_file(target / "model.safetensors")
     assert torch.equal(loaded.talker.codec_head.weight, reference_talker["talker.codec_head.weight"])
     assert (loaded.speaker_encoder is not None) == (model_type == "base")
+
+
+@pytest.mark.parametrize(("device", "codec_dtype", "convolution_dtype", "is_half"), [
+    ("cuda", "float32", "auto", True),
+    ("cpu", "float32", "auto", False),
+    ("cuda", "bfloat16", "auto", False),
+    ("cuda", "float32", "float32", False),
+    ("cpu", "float32", "float16", True),
+])
+def test_auto_codec_convolutions_are_fp16_for_an_fp32_codec_on_cuda_alone(device: str, codec_dtype: str,
+                                                                          convolution_dtype: str,
+                                                                          is_half: bool) -> None:
+    options = LoadOptions.default_for(device, codec_dtype, convolution_dtype)
+    assert options.codec_half_convolutions is is_half

@@ -15,7 +15,7 @@ from tts_service.model.codec_decoder import (
     CausalConvTranspose1d,
     CodecDecoder,
     CodecStreamState,
-    DecoderBlock,
+    ResidualUnit,
 )
 from tts_service.model.configs import CodecDecoderConfig, SpeechTokenizerConfig
 from tts_service.model.random_checkpoint import speech_tokenizer_config_dict
@@ -304,15 +304,16 @@ def test_half_convolution_streams_equal_their_one_shot_decode(small_config: Code
     assert abs(signal_to_error_db(streamed, exact) - signal_to_error_db(one_shot, exact)) < 0.5
 
 
-def test_half_convolutions_cover_the_decoder_blocks_and_keep_their_history_in_fp16(
+def test_half_convolutions_cover_the_residual_units_and_keep_their_history_in_fp16(
         small_config: CodecDecoderConfig) -> None:
     decoder = random_decoder(small_config)
     num_switched = decoder.use_half_convolutions(True)
-    in_blocks = {id(m) for block in decoder.decoder if isinstance(block, DecoderBlock) for m in block.modules()}
+    units = [m for m in decoder.modules() if isinstance(m, ResidualUnit)]
+    in_units = {id(unit.conv1) for unit in units} | {id(unit.conv2) for unit in units}
     convolutions = [m for m in decoder.modules() if isinstance(m, CausalConv1d | CausalConvTranspose1d)]
-    assert num_switched == 4 * 7  # per block: the upsampling, and three residual units of two convolutions each
+    assert num_switched == len(in_units) == 4 * 3 * 2  # per block, three units of two convolutions
     for module in convolutions:
-        assert module.stored_dtype() == (torch.float16 if id(module) in in_blocks else torch.float32)
+        assert module.stored_dtype() == (torch.float16 if id(module) in in_units else torch.float32)
     state = decoder.new_stream_state(2)
     with_history = [m for m in convolutions if m.state_shape()]
     assert [t.dtype for t in state.conv] == [m.stored_dtype() for m in with_history]

@@ -97,14 +97,17 @@ def test_the_codec_decoder_stays_fp32_unless_bf16_is_asked_for() -> None:
         load_config(["--codec-dtype", "float16"], {})
 
 
-def test_the_codec_convolutions_run_in_fp16_only_when_asked_and_only_in_an_fp32_codec() -> None:
-    assert load_config([], {}).engine_config().codec_convolution_dtype == "float32"
+def test_the_codec_convolution_dtype_is_auto_unless_set_and_fp16_only_in_an_fp32_codec() -> None:
+    assert load_config([], {}).engine_config().codec_convolution_dtype == "auto"
     flag = ["--codec-convolution-dtype", "float16"]
     assert load_config(flag, {}).engine_config().codec_convolution_dtype == "float16"
     assert load_config([], {"QWEN3_TTS_CODEC_CONVOLUTION_DTYPE": "Float16"}).codec_convolution_dtype == "float16"
-    with pytest.raises(ConfigError, match="--codec-convolution-dtype: must be float32 with codec_dtype 'bfloat16'"):
+    assert load_config(["--codec-dtype", "bfloat16"], {}).engine_config().codec_convolution_dtype == "auto"
+    with pytest.raises(ConfigError, match="--codec-convolution-dtype: must be auto or float32 with codec_dtype "
+                                          "'bfloat16'"):
         load_config([*flag, "--codec-dtype", "bfloat16"], {})
-    with pytest.raises(ConfigError, match="--codec-convolution-dtype: must be one of float32, float16, got 'half'"):
+    with pytest.raises(ConfigError, match="--codec-convolution-dtype: must be one of auto, float32, float16, "
+                                          "got 'half'"):
         load_config(["--codec-convolution-dtype", "half"], {})
 
 

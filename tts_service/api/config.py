@@ -75,7 +75,7 @@ class ServerConfig:
     max_voice_bytes: int = _ENGINE.max_voice_bytes  # one registered voice, as stored
     profile_steps: bool = _ENGINE.profile_steps  # the step profiler: phase times into the metrics
     codec_dtype: str = _ENGINE.codec_dtype  # "float32" or "bfloat16" (faster; the reference's own bf16 error)
-    # "float32" or "float16" (a float32 codec's convolutions in fp16 with fp32 accumulation: faster)
+    # "auto" (float16 on CUDA), "float32" or "float16": a float32 codec's residual units' convolutions
     codec_convolution_dtype: str = _ENGINE.codec_convolution_dtype
     stream_idle_timeout_seconds: float = 60.0  # StreamingSynthesize: longest wait for the next text
     # A streamed call's audio its reader has not taken; then it pauses.
@@ -129,8 +129,8 @@ class ServerConfig:
                  f"must be one of {', '.join(CODEC_DTYPES)}, got {self.codec_dtype!r}")
         _require(self.codec_convolution_dtype in CODEC_CONVOLUTION_DTYPES, "codec_convolution_dtype",
                  f"must be one of {', '.join(CODEC_CONVOLUTION_DTYPES)}, got {self.codec_convolution_dtype!r}")
-        _require(self.codec_convolution_dtype == "float32" or self.codec_dtype == "float32", "codec_convolution_dtype",
-                 f"must be float32 with codec_dtype {self.codec_dtype!r}")
+        _require(self.codec_convolution_dtype != "float16" or self.codec_dtype == "float32", "codec_convolution_dtype",
+                 f"must be auto or float32 with codec_dtype {self.codec_dtype!r}")
         _require(self.log_level in LOG_LEVELS, "log_level", f"must be one of {', '.join(LOG_LEVELS)}")
         _require(self.log_format in LOG_FORMATS, "log_format", f"must be one of {', '.join(LOG_FORMATS)}")
         _require((self.tls_cert is None) == (self.tls_key is None), "tls_cert",
@@ -222,10 +222,10 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("codec-dtype", str.lower, "the codec decoder's dtype: float32 (default) or bfloat16, faster under load; "
                                   "its waveform then moves about as far from fp32 as the reference's own bf16 "
                                   "decoder's does")
-    add("codec-convolution-dtype", str.lower, "what a float32 codec's decoder blocks' convolutions read and "
-                                              "write: float32 (default; cuDNN runs them in TF32) or float16, with "
-                                              "fp32 accumulation: faster, the waveform a little further from exact "
-                                              "fp32")
+    add("codec-convolution-dtype", str.lower, "what a float32 codec's residual units' convolutions read and write: "
+                                              "auto (default: float16 on CUDA, float32 elsewhere), float32 (cuDNN "
+                                              "runs them in TF32), or float16 with fp32 accumulation, faster and as "
+                                              "near exact fp32 as the reference's own fp32 decoder")
     add("max-waiting", int, "queued requests beyond which new ones get RESOURCE_EXHAUSTED")
     add("max-message-bytes", int, "largest request message accepted")
     add("max-reference-audio-seconds", float, "longest voice-cloning reference recording")

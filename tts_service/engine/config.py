@@ -20,7 +20,7 @@ PROMPT_OVERHEAD_POSITIONS = 64
 _TEXT_TOKENS_PER_CHAR = 1
 
 CODEC_DTYPES = ("float32", "bfloat16")
-CODEC_CONVOLUTION_DTYPES = ("float32", "float16")
+CODEC_CONVOLUTION_DTYPES = ("auto", "float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,12 @@ class EngineConfig:
     # The codec decoder's dtype: "float32", or "bfloat16", which is faster under load and whose waveform moves
     # from fp32 about as far as the reference's own bf16 decoder does (BENCHMARKS.md, "codec fidelity").
     codec_dtype: str = "float32"
-    # What a float32 codec's decoder blocks' convolutions read and write: "float32" (cuDNN's TF32 kernels round
-    # their inputs to a 10-bit mantissa), or "float16": the same mantissa, fp32 accumulation, and each output
-    # rounded to fp16 once; faster, the waveform a little further from exact fp32 (BENCHMARKS.md, "fp16
-    # convolutions").
-    codec_convolution_dtype: str = "float32"
+    # What a float32 codec's residual units' convolutions read and write: "float32" (cuDNN's TF32 kernels round
+    # their inputs to a 10-bit mantissa); "float16": the same mantissa, fp32 accumulation, each output rounded to
+    # fp16 once, about a quarter off the codec's time, the waveform as far from exact fp32 as the reference's own
+    # fp32 decoder's (BENCHMARKS.md, "fp16 convolutions"); or "auto": float16 for a float32 codec on CUDA,
+    # float32 otherwise.
+    codec_convolution_dtype: str = "auto"
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
     prefill_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     prefill_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256)
@@ -89,8 +90,8 @@ class EngineConfig:
         _require(self.codec_dtype in CODEC_DTYPES, "codec_dtype", f"one of {', '.join(CODEC_DTYPES)}")
         _require(self.codec_convolution_dtype in CODEC_CONVOLUTION_DTYPES, "codec_convolution_dtype",
                  f"one of {', '.join(CODEC_CONVOLUTION_DTYPES)}")
-        _require(self.codec_convolution_dtype == "float32" or self.codec_dtype == "float32", "codec_convolution_dtype",
-                 "float32 unless codec_dtype is float32")
+        _require(self.codec_convolution_dtype != "float16" or self.codec_dtype == "float32", "codec_convolution_dtype",
+                 "auto or float32 unless codec_dtype is float32")
 
     @property
     def num_runner_slots(self) -> int:

@@ -60,13 +60,16 @@ class LoadOptions:
 
     @classmethod
     def default_for(cls, device: str | torch.device, codec_decoder_dtype: str = "float32",
-                    codec_convolution_dtype: str = "float32") -> LoadOptions:
+                    codec_convolution_dtype: str = "auto") -> LoadOptions:
         """bf16 on CUDA and fp32 elsewhere; the codec decoder in `codec_decoder_dtype` ("float32" or "bfloat16"), its
-        convolutions in `codec_convolution_dtype` (that, or "float16" for a float32 decoder)."""
+        residual units' convolutions in `codec_convolution_dtype`: "float32", "float16" (a float32 decoder only), or
+        "auto", which is float16 for a float32 decoder on CUDA and float32 otherwise (on the CPU fp16 saves nothing,
+        and tests there hold the decoder to exact fp32)."""
         device = torch.device(device)
+        is_half = codec_convolution_dtype == "float16" or (
+            codec_convolution_dtype == "auto" and device.type == "cuda" and codec_decoder_dtype == "float32")
         return cls(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
-                   codec_decoder_dtype=getattr(torch, codec_decoder_dtype),
-                   codec_half_convolutions=codec_convolution_dtype == "float16")
+                   codec_decoder_dtype=getattr(torch, codec_decoder_dtype), codec_half_convolutions=is_half)
 
 
 @dataclass

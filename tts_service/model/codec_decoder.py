@@ -593,20 +593,21 @@ class CodecDecoder(nn.Module):
         )
 
     def use_half_convolutions(self, enabled: bool) -> int:
-        """Store the decoder blocks' convolutions' inputs, filters and outputs in fp16 (or back in the parameters'
-        dtype). Those run at 96 to 1,536 samples a frame and hold almost all of the decoder's arithmetic. fp16
-        keeps the 10-bit mantissa that cuDNN's TF32 kernels round fp32 inputs to, and its kernels accumulate in
-        fp32 too; what it adds is one rounding of each output and a range of +-65504. The layers before the blocks
-        (4 samples a frame or fewer) stay as they are: in fp16 they cost no less time and added half of the error
-        (BENCHMARKS.md, "fp16 convolutions"); so does the last layer, which writes the waveform. For an fp32
-        decoder only; a stream state made before this no longer fits. Returns how many layers were switched."""
+        """Store the residual units' convolutions' inputs, filters and outputs in fp16 (or back in the parameters'
+        dtype). They hold about three quarters of the decoder's arithmetic, at 96 to 768 channels and 32 to 1,920
+        samples a frame. fp16 keeps the 10-bit mantissa that cuDNN's TF32 kernels round fp32 inputs to, and its
+        kernels accumulate in fp32 too; what it adds is one rounding of each output, on a residual branch rather
+        than on the stream itself, and a range of +-65504. Every other layer stays as it is: the upsampling
+        convolutions write the residual stream, and in fp16 they and the layers at frame rate added most of the
+        error for little time (BENCHMARKS.md, "fp16 convolutions"). For an fp32 decoder only; a stream state made
+        before this no longer fits. Returns how many layers were switched."""
         if enabled and self.pre_conv.conv.weight.dtype != torch.float32:
             raise ValueError("half-precision convolutions are for a float32 decoder")
-        _, *blocks, _, _ = self.decoder
-        convolutions = [m for block in blocks for m in block.modules() if isinstance(m, _Convolution)]
-        for module in convolutions:
-            module.input_dtype = torch.float16 if enabled else None
-        return len(convolutions)
+        units = [m for m in self.modules() if isinstance(m, ResidualUnit)]
+        for unit in units:
+            for module in (unit.conv1, unit.conv2):
+                module.input_dtype = torch.float16 if enabled else None
+        return 2 * len(units)
 
     def use_fused_kernels(self, enabled: bool) -> int:
         """Switch every SnakeBeta to its one-pass kernel, the pre-transformer's attention, norms and MLPs to theirs
