@@ -2,10 +2,13 @@
 
     python -m benchmarks.engine --model random:1.7b-custom_voice --out bench-results/engine.json
 
-At each concurrency C, 2C requests (at least 8) run closed-loop with C in flight: a request
-starts as soon as one finishes, so arrivals overlap running streams as they would in service.
-Texts come from a fixed set; random weights never stop on their own, so each request's length
-is fixed from its text (12.5 frames per second of speech at 15 characters per second).
+At each concurrency C, 2C requests (at least 8; `--requests-per-level` sets another count) run closed-loop with
+C in flight: a request starts as soon as one finishes, so arrivals overlap running streams as they would in
+service. Texts come from a fixed set of 8; random weights never stop on their own, so each request's length is
+fixed from its text (12.5 frames per second of speech at 15 characters per second). `--workload loadgen` takes
+instead the requests the load generator's closed loop sends (`python -m clients.loadgen --concurrency C
+--requests N --rpc online --seed S`): the same texts, languages and audio lengths, so that the service over gRPC
+and the engine in process can be compared at one concurrency.
 
 Per request: time to first audio (submit -> first chunk in the caller's hands), real-time factor
 (submit -> last chunk, over the audio's duration) and lateness: with playback starting at the
@@ -16,16 +19,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from clients.loadgen.schedule import closed_loop_plan
 from observability.gc_pauses import freeze_startup_objects
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine, EngineStats
@@ -58,6 +64,28 @@ def frames_for_text(text: str) -> int:
 
 
 @dataclass(frozen=True)
+class BenchRequest:
+    text_index: int  # in the workload's list of texts
+    text: str
+    language: str
+    num_frames: int
+
+
+def bench_workload(num_requests: int) -> list[BenchRequest]:
+    """The fixed texts, in turn."""
+    return [BenchRequest(index % len(BENCH_TEXTS), BENCH_TEXTS[index % len(BENCH_TEXTS)], "english",
+                         frames_for_text(BENCH_TEXTS[index % len(BENCH_TEXTS)])) for index in range(num_requests)]
+
+
+def loadgen_workload(num_requests: int, seed: int) -> list[BenchRequest]:
+    """What `python -m clients.loadgen --requests num_requests --rpc online --seed seed` sends, in its order. The
+    load generator caps each call at its text's audio length, which the server rounds to whole frames."""
+    return [BenchRequest(request.index, request.text, request.language,
+                         max(1, round(request.max_audio_seconds * FRAME_RATE_HZ)))
+            for request in closed_loop_plan(num_requests, "online", seed)]
+
+
+@dataclass(frozen=True)
 class RequestTiming:
     concurrency: int
     text_index: int
@@ -74,16 +102,14 @@ class RequestTiming:
     frame_to_audio_s: float
 
 
-async def timed_request(engine: Engine, index: int, concurrency: int, frame_s: float,
+async def timed_request(engine: Engine, index: int, concurrency: int, frame_s: float, request: BenchRequest,
                         non_streaming_text: bool = False) -> RequestTiming:
     request_id = f"c{concurrency}-{index}"
-    text_index = index % len(BENCH_TEXTS)
-    text = BENCH_TEXTS[text_index]
-    num_frames = frames_for_text(text)
+    num_frames = request.num_frames
     params = GenerationParams(talker=SamplingParams(0.9, top_k=50), predictor=SamplingParams(0.9, top_k=50),
                               max_new_frames=num_frames, min_new_frames=num_frames, seed=index)
     started = time.perf_counter()
-    synthesis = SynthesisInput(text, "english", "ryan", non_streaming_mode=non_streaming_text)
+    synthesis = SynthesisInput(request.text, request.language, "ryan", non_streaming_mode=non_streaming_text)
     stream = await engine.submit(SynthesisRequest(request_id, synthesis, params))
     first_audio = None
     max_lateness = float("-inf")
@@ -99,20 +125,20 @@ async def timed_request(engine: Engine, index: int, concurrency: int, frame_s: f
     assert timeline.queue_s is not None and timeline.prefill_s is not None
     assert timeline.first_frame is not None and timeline.first_audio is not None
     audio_s = summary.num_frames * frame_s
-    return RequestTiming(concurrency, text_index, summary.num_frames, audio_s, first_audio - started,
+    return RequestTiming(concurrency, request.text_index, summary.num_frames, audio_s, first_audio - started,
                          finished - started, (finished - started) / audio_s, max_lateness, timeline.queue_s,
                          timeline.prefill_s, timeline.first_audio - timeline.first_frame)
 
 
-async def run_level(engine: Engine, concurrency: int, num_requests: int, frame_s: float,
+async def run_level(engine: Engine, concurrency: int, requests: list[BenchRequest], frame_s: float,
                     non_streaming_text: bool = False) -> list[RequestTiming]:
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(index: int) -> RequestTiming:
+    async def one(index: int, request: BenchRequest) -> RequestTiming:
         async with gate:
-            return await timed_request(engine, index, concurrency, frame_s, non_streaming_text)
+            return await timed_request(engine, index, concurrency, frame_s, request, non_streaming_text)
 
-    return list(await asyncio.gather(*(one(index) for index in range(num_requests))))
+    return list(await asyncio.gather(*(one(index, request) for index, request in enumerate(requests))))
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -153,16 +179,21 @@ def step_summary(before: EngineStats, after: EngineStats) -> dict[str, Any]:
 
 
 async def run_benchmark(engine: Engine, levels: list[int], frame_s: float,
+                        workload: Callable[[int], list[BenchRequest]] = bench_workload,
+                        requests_per_level: int | None = None,
                         non_streaming_text: bool = False) -> tuple[list[dict], list[RequestTiming]]:
+    """`workload(n)`: a level's n requests; n is `requests_per_level`, or 2C (at least 8) at concurrency C."""
     engine.start()
     try:
-        await run_level(engine, 1, 2, frame_s, non_streaming_text)  # warm-up: lazy initialisation, allocator growth
+        # Warm-up: lazy initialisation, allocator growth.
+        await run_level(engine, 1, bench_workload(2), frame_s, non_streaming_text)
         freeze_startup_objects()  # as the server does after its warm-up: no full collection walks the model's objects
         summaries, timings = [], []
         for concurrency in levels:
             started = time.perf_counter()
             before = replace(engine.stats, phase_s=dict(engine.stats.phase_s))
-            level = await run_level(engine, concurrency, max(8, 2 * concurrency), frame_s, non_streaming_text)
+            num_requests = requests_per_level or max(8, 2 * concurrency)
+            level = await run_level(engine, concurrency, workload(num_requests), frame_s, non_streaming_text)
             summary = summarize(concurrency, level, time.perf_counter() - started)
             summary.update(step_summary(before, engine.stats))
             summaries.append(summary)
@@ -188,7 +219,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="the codec decoder's dtype (the engine's --codec-dtype)")
     parser.add_argument("--codec-convolution-dtype", default="auto", choices=("auto", "float32", "float16"),
                         help="what a float32 codec's convolutions read and write (the engine's option of that name)")
+    parser.add_argument("--workload", choices=("bench", "loadgen"), default="bench",
+                        help="bench: the 8 fixed texts; loadgen: the load generator's closed-loop requests")
+    parser.add_argument("--requests-per-level", type=int, help="default: 2C (at least 8) at concurrency C")
+    parser.add_argument("--seed", type=int, default=1, help="the load generator's seed (--workload loadgen)")
     args = parser.parse_args(argv)
+    if args.requests_per_level is not None and args.requests_per_level < 1:
+        parser.error("--requests-per-level must be >= 1")
     levels = [int(c) for c in args.concurrency.split(",")]
     options = LoadOptions.default_for(args.device, args.codec_dtype, args.codec_convolution_dtype)
     model = load_model(args.model, options)
@@ -201,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                                                codec_convolution_dtype=args.codec_convolution_dtype, **schedule))
     startup_s = time.perf_counter() - started
     frame_s = 1.0 / model.speech_config.frame_rate_hz
-    summaries, timings = asyncio.run(run_benchmark(engine, levels, frame_s, args.non_streaming_text))
+    workload = bench_workload if args.workload == "bench" else functools.partial(loadgen_workload, seed=args.seed)
+    summaries, timings = asyncio.run(run_benchmark(engine, levels, frame_s, workload, args.requests_per_level,
+                                                   args.non_streaming_text))
     device = torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"
     report = {"benchmark": "engine", "device": device, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
               "model": args.model, "dtype": str(engine.runner.dtype), "startup_s": startup_s,
@@ -209,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
               "codec_convolution_dtype": args.codec_convolution_dtype,
               "codec_half_convolutions": options.codec_half_convolutions,
               "command": " ".join(["python -m benchmarks.engine", *(argv or sys.argv[1:])]),
-              "texts": list(BENCH_TEXTS), "levels": summaries, "requests": [asdict(t) for t in timings]}
+              "workload": args.workload, "seed": args.seed if args.workload == "loadgen" else None,
+              "texts": list(BENCH_TEXTS) if args.workload == "bench" else None, "levels": summaries,
+              "requests": [asdict(t) for t in timings]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     header = (f"{'conc':>5} {'reqs':>5} {'ttfa p50':>9} {'ttfa p95':>9} {'rtf p50':>8} {'rtf max':>8} "

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.engine import run_level
+from benchmarks.engine import bench_workload, run_level
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine
 from tts_service.model.checkpoint import LoadOptions, load_model
@@ -28,9 +28,9 @@ _SLOW_CALL_US = 2000
 async def profiled_level(engine: Engine, concurrency: int, frame_s: float) -> profile:
     engine.start()
     try:
-        await run_level(engine, 4, 8, frame_s)  # warm-up, unprofiled
+        await run_level(engine, 4, bench_workload(8), frame_s)  # warm-up, unprofiled
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
-            await run_level(engine, concurrency, 2 * concurrency, frame_s)
+            await run_level(engine, concurrency, bench_workload(2 * concurrency), frame_s)
         return profiled
     finally:
         await engine.stop()

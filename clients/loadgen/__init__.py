@@ -16,8 +16,11 @@ pre-roll, each later chunk is due at that moment plus its offset, a chunk that a
 time is late by the difference, and any late chunk makes the request an underrun. With a 100 ms
 continuity threshold (vLLM-Omni's definition): the player pauses when it runs out of audio and
 resumes when the next chunk arrives, and the request is an underrun only if one such pause exceeds
-100 ms. The summary gives TTFA p50/p90/p95/p99, the peak number of requests in flight (sent and not
-finished, failed ones included), audio seconds delivered per wall-clock second, both underrun
-counts, and errors by gRPC status. The generator's own lag behind its schedule is recorded too, so
-a saturated client is visible rather than mistaken for a slow server.
+100 ms. With `--concurrency N --requests M` instead of `--rate` and `--duration`, it runs a closed loop: N
+calls kept in flight, each new one sent as soon as one ends, M in all. That measures the service's ceiling
+(audio seconds per second at N streams), which an open loop never offers. The summary gives TTFA
+p50/p90/p95/p99, the peak number of requests in flight (sent and not finished, failed ones included), audio
+seconds delivered per wall-clock second, both underrun counts, and errors by gRPC status. The generator's own
+lag behind its schedule is recorded too, so a saturated client is visible rather than mistaken for a slow
+server.
 """

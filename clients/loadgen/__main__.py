@@ -12,17 +12,22 @@ from dataclasses import asdict
 from pathlib import Path
 
 from clients.loadgen.report import summarize, table
-from clients.loadgen.run import RequestSettings, run_schedule
-from clients.loadgen.schedule import poisson_schedule
+from clients.loadgen.run import RequestSettings, run_closed_loop, run_schedule
+from clients.loadgen.schedule import closed_loop_plan, poisson_schedule
 from clients.qwen3_tts_client import AsyncTtsClient, AudioFormat, Connection, Generation, Voice
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m clients.loadgen",
-                                     description="Open-loop Poisson load over gRPC streaming calls.")
+                                     description="Open-loop Poisson load over gRPC streaming calls (or a closed "
+                                                 "loop, to measure the service's ceiling).")
     parser.add_argument("--server", default="localhost:50051")
-    parser.add_argument("--rate", type=float, required=True, help="mean arrivals per second")
-    parser.add_argument("--duration", type=float, required=True, help="seconds over which requests arrive")
+    load = parser.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float, help="mean arrivals per second (open loop; needs --duration)")
+    load.add_argument("--concurrency", type=int,
+                      help="requests kept in flight, each sent as soon as one ends (closed loop; needs --requests)")
+    parser.add_argument("--duration", type=float, help="seconds over which requests arrive (open loop)")
+    parser.add_argument("--requests", type=int, help="requests to send in all (closed loop)")
     parser.add_argument("--rpc", choices=("online", "streaming", "mixed"), default="mixed",
                         help="SynthesizeOnline, StreamingSynthesize, or a random mix")
     parser.add_argument("--speaker", default="ryan")
@@ -43,7 +48,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace) -> dict:
-    planned = poisson_schedule(args.rate, args.duration, args.rpc, args.seed, args.max_audio_seconds, args.language)
+    if args.rate is not None:
+        planned = poisson_schedule(args.rate, args.duration, args.rpc, args.seed, args.max_audio_seconds,
+                                   args.language)
+    else:
+        planned = closed_loop_plan(args.requests, args.rpc, args.seed, args.max_audio_seconds, args.language)
     settings = RequestSettings(voice=Voice(speaker=args.speaker),
                                audio_format=AudioFormat(args.encoding, args.sample_rate),
                                generation=Generation(temperature=args.temperature, seed=args.seed),
@@ -52,11 +61,15 @@ async def _run(args: argparse.Namespace) -> dict:
                             root_certificates=Path(args.ca).read_bytes() if args.ca else None)
     async with AsyncTtsClient(connection) as client:
         started = time.perf_counter()
-        records = await run_schedule(client, planned, settings)
+        if args.rate is not None:
+            records = await run_schedule(client, planned, settings)
+        else:
+            records = await run_closed_loop(client, planned, settings, args.concurrency)
         wall_s = time.perf_counter() - started
     return {"benchmark": "loadgen", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "server": args.server,
             "command": " ".join(["python -m clients.loadgen", *sys.argv[1:]]),
-            "settings": {"rate": args.rate, "duration_s": args.duration, "rpc": args.rpc, "seed": args.seed,
+            "settings": {"rate": args.rate, "duration_s": args.duration, "concurrency": args.concurrency,
+                         "num_requests": args.requests, "rpc": args.rpc, "seed": args.seed,
                          "language": args.language, "encoding": args.encoding, "sample_rate": args.sample_rate,
                          "fragment_interval_s": args.fragment_interval, "max_audio_seconds": args.max_audio_seconds},
             "schedule": [asdict(request) for request in planned], "wall_s": wall_s,
@@ -82,10 +95,16 @@ def read_report(path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.rate is not None and args.duration is None:
+        parser.error("--rate needs --duration")
+    if args.concurrency is not None and args.requests is None:
+        parser.error("--concurrency needs --requests")
     report = asyncio.run(_run(args))
     write_report(args.out, report)
-    sys.stdout.write(table(args.rate, report["summary"]) + "\n")
+    load = f"{args.rate:g}" if args.rate is not None else f"c{args.concurrency}"
+    sys.stdout.write(table(load, report["summary"]) + "\n")
     return 0
 
 

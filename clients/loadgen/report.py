@@ -65,7 +65,8 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else 1e3 * seconds
 
 
-def table(rate: float, summary: dict) -> str:
+def table(load: str, summary: dict) -> str:
+    """One row under a header; `load` names the offered load ("20" for 20 req/s, "c128" for a closed loop)."""
     def number(value: float | None, digits: int = 0) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
@@ -73,7 +74,7 @@ def table(rate: float, summary: dict) -> str:
               f"{'rtf p50':>8} {'rtf max':>8} {'peak in flight':>14} {'audio s/s':>9} {'underrun reqs':>14} "
               f"{'gap>100ms reqs':>14} {'underrun max ms':>16} {'lag p95 ms':>11}")
     errors = sum(summary["errors_by_status"].values())
-    row = (f"{rate:>6g} {summary['num_requests']:>5} {summary['num_completed']:>5} {errors:>7} "
+    row = (f"{load:>6} {summary['num_requests']:>5} {summary['num_completed']:>5} {errors:>7} "
            f"{number(summary['ttfa_ms']['p50']):>9} {number(summary['ttfa_ms']['p95']):>9} "
            f"{number(summary['ttfa_ms']['p99']):>9} {number(summary['rtf']['p50'], 2):>8} "
            f"{number(summary['rtf']['max'], 2):>8} {summary['peak_in_flight']:>14} "

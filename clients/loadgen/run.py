@@ -57,6 +57,25 @@ async def run_schedule(client: AsyncTtsClient, planned: list[PlannedRequest],
     return list(await asyncio.gather(*(at_its_time(request) for request in planned)))
 
 
+async def run_closed_loop(client: AsyncTtsClient, planned: list[PlannedRequest], settings: RequestSettings,
+                          concurrency: int) -> list[RequestRecord]:
+    """Keep `concurrency` requests in flight, in plan order: each is sent as soon as an earlier one ends. Its
+    record's scheduled time is when it was sent, so it has no lag."""
+    if concurrency <= 0:
+        raise ValueError("concurrency must be > 0")
+    loop = asyncio.get_running_loop()
+    run_start = loop.time()
+    slots = asyncio.Semaphore(concurrency)
+
+    async def when_a_slot_frees(request: PlannedRequest) -> RequestRecord:
+        async with slots:
+            sent = replace(request, start_s=loop.time() - run_start)
+            return await timed_request(client, sent, settings, 0.0)
+
+    # gather starts the tasks in plan order, and the semaphore wakes its waiters in that order.
+    return list(await asyncio.gather(*(when_a_slot_frees(request) for request in planned)))
+
+
 async def timed_request(client: AsyncTtsClient, request: PlannedRequest, settings: RequestSettings,
                         start_lag_s: float) -> RequestRecord:
     generation = replace(settings.generation, max_audio_seconds=request.max_audio_seconds,

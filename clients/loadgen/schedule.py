@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -53,22 +54,43 @@ def poisson_schedule(rate_per_s: float, duration_s: float, rpc: str, seed: int,
     """
     if rate_per_s <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be > 0")
+    draw = _request_drawer(rpc, seed, max_audio_seconds, language)
+    generator = random.Random(seed)
+    planned: list[PlannedRequest] = []
+    start_s = generator.expovariate(rate_per_s)
+    while start_s < duration_s:
+        planned.append(draw(len(planned), start_s, generator))
+        start_s += generator.expovariate(rate_per_s)
+    return planned
+
+
+def closed_loop_plan(num_requests: int, rpc: str, seed: int, max_audio_seconds: float | None = None,
+                     language: str | None = None) -> list[PlannedRequest]:
+    """`num_requests` requests drawn as `poisson_schedule` draws them, with no arrival times (start_s 0): a closed
+    loop sends each as soon as one of its slots is free."""
+    if num_requests <= 0:
+        raise ValueError("the number of requests must be > 0")
+    draw = _request_drawer(rpc, seed, max_audio_seconds, language)
+    generator = random.Random(seed)
+    return [draw(index, 0.0, generator) for index in range(num_requests)]
+
+
+def _request_drawer(rpc: str, seed: int, max_audio_seconds: float | None, language: str | None
+                    ) -> Callable[[int, float, random.Random], PlannedRequest]:
     if rpc not in (*RPC_KINDS, "mixed"):
         raise ValueError(f"rpc must be one of {(*RPC_KINDS, 'mixed')}, got {rpc!r}")
     candidates = [text for text in texts() if language is None or text.language == language]
     if not candidates:
         raise ValueError(f"no texts in language {language!r}; have {sorted({t.language for t in texts()})}")
-    generator = random.Random(seed)
-    planned: list[PlannedRequest] = []
-    start_s = generator.expovariate(rate_per_s)
-    while start_s < duration_s:
+
+    def draw(index: int, start_s: float, generator: random.Random) -> PlannedRequest:
         text = candidates[generator.randrange(len(candidates))]
         kind = generator.choice(RPC_KINDS) if rpc == "mixed" else rpc
         audio_s = audio_seconds_for(text) if max_audio_seconds is None else min(max_audio_seconds,
                                                                                 audio_seconds_for(text))
-        planned.append(PlannedRequest(len(planned), start_s, kind, text.text, text.language, audio_s))
-        start_s += generator.expovariate(rate_per_s)
-    return planned
+        return PlannedRequest(index, start_s, kind, text.text, text.language, audio_s)
+
+    return draw
 
 
 def text_fragments(text: str) -> list[str]:

@@ -12,7 +12,7 @@ from clients.loadgen.__main__ import main as loadgen_main
 from clients.loadgen.__main__ import read_report, write_report
 from clients.loadgen.report import peak_in_flight, percentile
 from clients.loadgen.run import RequestRecord
-from clients.loadgen.schedule import poisson_schedule, texts
+from clients.loadgen.schedule import closed_loop_plan, poisson_schedule, texts
 from observability.playback import ChunkArrival, Underruns, continuity_underruns, underruns
 from tests.service.helpers import RunningServer
 
@@ -24,6 +24,30 @@ def test_the_poisson_schedule_is_seeded_and_open_loop() -> None:
     starts = [request.start_s for request in first]
     assert starts == sorted(starts) and starts[0] > 0 and starts[-1] < 10
     assert {request.rpc for request in first} == {"online", "streaming"}
+
+
+def test_a_closed_loop_plan_is_seeded_and_schedules_no_arrival_times() -> None:
+    first = closed_loop_plan(40, "mixed", seed=3)
+    assert first == closed_loop_plan(40, "mixed", seed=3) != closed_loop_plan(40, "mixed", seed=4)
+    assert [request.index for request in first] == list(range(40))
+    assert {request.start_s for request in first} == {0.0}
+    assert {request.rpc for request in first} == {"online", "streaming"}
+    assert len({request.text for request in first}) > 30
+    with pytest.raises(ValueError, match="number of requests"):
+        closed_loop_plan(0, "mixed", seed=3)
+
+
+@pytest.mark.parametrize("arguments", [
+    ["--rate", "3"],  # no --duration
+    ["--concurrency", "2"],  # no --requests
+    ["--rate", "3", "--duration", "2", "--concurrency", "2", "--requests", "4"],  # both loads
+    [],  # neither
+])
+def test_the_loadgen_refuses_a_load_it_cannot_run(arguments: list[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exited:
+        loadgen_main(["--server", "localhost:1", "--out", str(tmp_path / "never.json"), *arguments])
+    assert exited.value.code == 2
+    assert not (tmp_path / "never.json").exists()
 
 
 def test_a_chunk_is_late_by_how_long_after_its_playback_time_it_arrived() -> None:
@@ -127,6 +151,23 @@ def test_a_short_open_loop_run_completes_every_scheduled_request(custom_voice_se
     assert {record["rpc"] for record in requests} <= {"online", "streaming"}
     assert summary["ttfa_ms"]["p50"] > 0 and summary["audio_s_per_wall_s"] > 0 and summary["peak_in_flight"] >= 1
     assert summary["num_requests_with_gaps_over_100ms"] <= summary["num_requests_with_underruns"]
+
+
+def test_a_closed_loop_keeps_its_concurrency_in_flight_and_sends_each_call_when_one_ends(
+        custom_voice_server: RunningServer, tmp_path: Path) -> None:
+    out = tmp_path / "closed.json"
+    assert loadgen_main(["--server", custom_voice_server.target, "--concurrency", "2", "--requests", "5",
+                         "--max-audio-seconds", "0.4", "--rpc", "online", "--seed", "5", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    requests, summary = sorted(report["requests"], key=lambda r: r["index"]), report["summary"]
+    assert summary["num_completed"] == 5 and summary["errors_by_status"] == {}
+    assert summary["peak_in_flight"] == 2 and summary["audio_s_per_wall_s"] > 0
+    assert report["settings"]["concurrency"] == 2 and report["settings"]["num_requests"] == 5
+    assert all(record["start_lag_s"] == 0.0 for record in requests)
+    sent = [record["scheduled_s"] for record in requests]
+    assert sent == sorted(sent) and sent[0] < 0.1 and sent[1] < 0.1
+    # The third call goes out when the first of the two before it has ended, not before.
+    assert sent[2] >= min(requests[0]["finished_s"], requests[1]["finished_s"]) - 1e-3
 
 
 def test_refused_requests_are_counted_by_status(custom_voice_server: RunningServer, tmp_path: Path) -> None:
