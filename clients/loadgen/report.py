@@ -70,7 +70,7 @@ def table(load: str, summary: dict) -> str:
     def number(value: float | None, digits: int = 0) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
-    header = (f"{'rate':>6} {'reqs':>5} {'ok':>5} {'errors':>7} {'ttfa p50':>9} {'ttfa p95':>9} {'ttfa p99':>9} "
+    header = (f"{'load':>6} {'reqs':>5} {'ok':>5} {'errors':>7} {'ttfa p50':>9} {'ttfa p95':>9} {'ttfa p99':>9} "
               f"{'rtf p50':>8} {'rtf max':>8} {'peak in flight':>14} {'audio s/s':>9} {'underrun reqs':>14} "
               f"{'gap>100ms reqs':>14} {'underrun max ms':>16} {'lag p95 ms':>11}")
     errors = sum(summary["errors_by_status"].values())
