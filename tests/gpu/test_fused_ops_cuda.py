@@ -135,34 +135,6 @@ def test_snake_after_history_writes_what_concatenating_the_eager_chain_would(dty
         assert torch.equal(history, expected_history)
 
 
-@pytest.mark.parametrize(("dtype", "history_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                                     (torch.float32, torch.float16)])
-@pytest.mark.parametrize(("history_size", "length", "channels"), [(6, 32, 768), (54, 1920, 96), (18, 3, 7)])
-def test_snake_after_history_with_an_input_bias_writes_the_eager_add_then_snake(
-        dtype: torch.dtype, history_dtype: torch.dtype, history_size: int, length: int, channels: int) -> None:
-    """The first residual unit's snake, which adds the upsampling's bias its convolution left out."""
-    log_alpha = (0.3 * activations(channels, dtype=torch.float32, seed=1)).to(dtype)
-    log_beta = (0.3 * activations(channels, dtype=torch.float32, seed=2)).to(dtype)
-    bias = activations(channels, dtype=dtype, seed=6)
-    history = activations(3, history_size, channels, dtype=history_dtype, seed=3)
-    x = activations(3, length, channels, dtype=dtype, seed=4)
-    expected = torch.cat((history, fused_ops.snake_beta_eager(x + bias, log_alpha, log_beta).to(history_dtype)), dim=1)
-    extended = fused_ops.snake_beta_after_history(x, log_alpha, log_beta,
-                                                  fused_ops.snake_beta_tables(log_alpha, log_beta), history, bias)
-    assert torch.equal(extended, expected)
-    assert torch.equal(history, expected[:, -history_size:])
-
-
-@pytest.mark.parametrize(("dtype", "y_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                                (torch.float32, torch.float16)])
-@pytest.mark.parametrize(("length", "channels"), [(32, 768), (1920, 96), (3, 7)])
-def test_add_biased_with_the_streams_own_bias_equals_the_eager_adds(dtype: torch.dtype, y_dtype: torch.dtype,
-                                                                     length: int, channels: int) -> None:
-    x, y = activations(3, length, channels, dtype=dtype), activations(3, length, channels, dtype=y_dtype, seed=4)
-    bias, x_bias = activations(channels, dtype=dtype, seed=6), activations(channels, dtype=dtype, seed=7)
-    assert torch.equal(fused_ops.add_biased(x, y, bias, x_bias), (x + x_bias) + (y + bias))
-
-
 @pytest.mark.parametrize(("length", "channels"), [(1, 1536), (1920, 96), (3000, 7)])
 def test_snake_stores_fp16_for_a_half_convolution_as_the_fp32_eager_chain_then_a_cast(length: int,
                                                                                      channels: int) -> None:

@@ -153,12 +153,12 @@ class CausalConv1d(_Convolution):
         if not self.history:
             inputs = x.to(dtype) if activation is None else activation(x, input_bias=input_bias, dtype=dtype)
             return self._convolve_with_filters(inputs, with_bias)
-        if input_bias is not None and activation is None:
-            raise ValueError("an input bias is added only ahead of an activation or a convolution without history")
+        if input_bias is not None:
+            raise ValueError("an input bias is added only ahead of a convolution without history")
         past = states[self.slot]
         # A fresh state is zeros, which is exactly the zero left-padding of a one-shot decode.
         if activation is not None:
-            return self._convolve_with_filters(activation.after_history(x, past, input_bias), with_bias)
+            return self._convolve_with_filters(activation.after_history(x, past), with_bias)
         extended = torch.cat((past, x.to(dtype)), dim=1)
         past.copy_(extended[:, x.shape[1]:])
         return self._convolve_with_filters(extended, with_bias)
@@ -216,11 +216,9 @@ class CausalConvTranspose1d(_Convolution):
         filters, bias = self._phases.get((self.conv.weight, self.conv.bias), build, self.stored_dtype())
         return filters, bias
 
-    def forward(self, x: torch.Tensor, states: ConvStates, activation: SnakeBeta | None = None,
-                with_bias: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, states: ConvStates, activation: SnakeBeta | None = None) -> torch.Tensor:
         """The transposed convolution of activation(x) (of x without one) over time-major x [B, T, in] ->
-        [B, T * stride, out], carrying the last input frame; `with_bias=False` leaves its bias (per output channel:
-        self.conv.bias) for its caller to add."""
+        [B, T * stride, out], carrying the last input frame."""
         batch, num_steps, _ = x.shape
         filters, bias = self.phase_filters()
         dtype = self.stored_dtype()
@@ -233,7 +231,7 @@ class CausalConvTranspose1d(_Convolution):
                 previous.copy_(x[:, -1:])
         else:  # no tap reaches back: the current input's alone
             extended = x.to(dtype) if activation is None else activation(x, dtype=dtype)
-        y = self._convolve(extended, filters, bias if with_bias else None)  # [B, T, stride * out], phase-major
+        y = self._convolve(extended, filters, bias)  # [B, T, stride * out], phase-major
         return y.reshape(batch, num_steps * self.stride, self.conv.out_channels)
 
 
@@ -261,14 +259,12 @@ class SnakeBeta(nn.Module):
         activated = fused_ops.snake_beta_eager(x if input_bias is None else x + input_bias, self.alpha, self.beta)
         return activated.to(x.dtype if dtype is None else dtype)
 
-    def after_history(self, x: torch.Tensor, history: torch.Tensor,
-                      input_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """[history | self(x + input_bias)] along time (dimension 1), in the history's dtype, with `history` [B, H, C]
-        advanced in place to the last H steps of that."""
+    def after_history(self, x: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """[history | self(x)] along time (dimension 1), in the history's dtype, with `history` [B, H, C] advanced in
+        place to the last H steps of that."""
         if self.is_fused:
-            return fused_ops.snake_beta_after_history(x, self.alpha, self.beta, self._kernel_tables(), history,
-                                                      input_bias)
-        extended = torch.cat((history, self(x, input_bias=input_bias, dtype=history.dtype)), dim=1)
+            return fused_ops.snake_beta_after_history(x, self.alpha, self.beta, self._kernel_tables(), history)
+        extended = torch.cat((history, self(x, dtype=history.dtype)), dim=1)
         history.copy_(extended[:, x.shape[1]:])
         return extended
 
@@ -295,15 +291,14 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor, states: ConvStates, x_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, L, C] -> x + unit(x), with x + x_bias in place of x when the layer before left its bias out."""
-        # Each convolution's bias is added by the passes that read its output next (the snake, the residual add),
+    def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
+        # Each convolution's bias is added by the pass that reads its output next (the snake, the residual add),
         # which saves a pass over the unit's tensors, the codec's largest; each sum is rounded as a separate add.
-        h = self.conv1(x, states, self.act1, input_bias=x_bias, with_bias=False)
+        h = self.conv1(x, states, self.act1, with_bias=False)
         y = self.conv2(h, states, self.act2, input_bias=self.conv1.conv.bias, with_bias=False)
         if self.act2.is_fused:
-            return fused_ops.add_biased(x, y, self.conv2.conv.bias, x_bias)
-        return (x if x_bias is None else x + x_bias) + (y + self.conv2.conv.bias)
+            return fused_ops.add_biased(x, y, self.conv2.conv.bias)
+        return x + (y + self.conv2.conv.bias)
 
 
 class DecoderBlock(nn.Module):
@@ -318,9 +313,8 @@ class DecoderBlock(nn.Module):
         ])
 
     def forward(self, x: torch.Tensor, states: ConvStates) -> torch.Tensor:
-        activation, upsample, first_unit, *units = self.block
-        # The upsampling's bias is added where the first unit reads its output, as the units' own biases are.
-        x = first_unit(upsample(x, states, activation, with_bias=False), states, x_bias=upsample.conv.bias)
+        activation, upsample, *units = self.block
+        x = upsample(x, states, activation)
         for unit in units:
             x = unit(x, states)
         return x

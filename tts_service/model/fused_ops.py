@@ -188,21 +188,17 @@ def snake_beta(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
     return out
 
 
-def add_biased(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor, x_bias: torch.Tensor | None = None
-               ) -> torch.Tensor:
+def add_biased(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """x + (y + bias) for time-major x, y [..., C] and bias [C], in one pass: a convolution's bias added where its
     output joins the residual stream, rounded as the two separate adds round it. y may be stored in another
-    dtype than x and the bias (a half-precision convolution's output); it is upcast, as the eager adds upcast it.
-    With `x_bias` [C], x is itself a convolution's output whose bias was left out: (x + x_bias) + (y + bias)."""
+    dtype than x and the bias (a half-precision convolution's output); it is upcast, as the eager adds upcast it."""
     if not (_is_kernel_tensor(x) and _is_kernel_tensor(y) and x.is_contiguous() and y.is_contiguous()
-            and x.shape == y.shape and x.dtype == bias.dtype and bias.is_contiguous()
-            and (x_bias is None or (x_bias.dtype == x.dtype and x_bias.is_contiguous()))):
-        return (x if x_bias is None else x + x_bias) + (y + bias)
+            and x.shape == y.shape and x.dtype == bias.dtype and bias.is_contiguous()):
+        return x + (y + bias)
     out = torch.empty_like(x)
     num_elements = x.numel()
-    _add_biased_kernel[(triton.cdiv(num_elements, _FLAT_BLOCK),)](
-        x, y, bias, bias if x_bias is None else x_bias, out, num_elements, bias.shape[0],
-        HAS_X_BIAS=x_bias is not None, BLOCK=_FLAT_BLOCK, num_warps=8)
+    _add_biased_kernel[(triton.cdiv(num_elements, _FLAT_BLOCK),)](x, y, bias, out, num_elements, bias.shape[0],
+                                                                   BLOCK=_FLAT_BLOCK, num_warps=8)
     return out
 
 
@@ -236,23 +232,20 @@ def window_attention(qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: 
 
 
 def snake_beta_after_history(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
-                             tables: tuple[torch.Tensor, torch.Tensor], history: torch.Tensor,
-                             input_bias: torch.Tensor | None = None) -> torch.Tensor:
+                             tables: tuple[torch.Tensor, torch.Tensor], history: torch.Tensor) -> torch.Tensor:
     """[history | snake(x)] along time (dimension 1), as a causal convolution reads its input, with `history`
     [B, H, C] advanced in place to the last H steps of that. The activation writes straight after the history
     instead of into a tensor of its own that a concatenation then copies: at the codec's 24 kHz stages those are
-    its largest tensors. The values are snake_beta's (of x + input_bias, with one) in the history's dtype, bit for
-    bit."""
+    its largest tensors. The values are snake_beta's in the history's dtype, bit for bit."""
     length = x.shape[1]
     if not (_is_snake_kernel_tensor(x, log_alpha, log_beta) and _is_kernel_tensor(history)
-            and history.is_contiguous() and (input_bias is None or input_bias.dtype == log_alpha.dtype)):
-        activated = snake_beta(x, log_alpha, log_beta, tables, input_bias, dtype=history.dtype)
-        extended = torch.cat((history, activated), dim=1)
+            and history.is_contiguous()):
+        extended = torch.cat((history, snake_beta(x, log_alpha, log_beta, tables, dtype=history.dtype)), dim=1)
         history.copy_(extended[:, length:])
         return extended
     batch, size, channels = history.shape
     extended = torch.empty(batch, size + length, channels, dtype=history.dtype, device=x.device)
-    _launch_snake_beta(x, tables, extended, history, input_bias)
+    _launch_snake_beta(x, tables, extended, history)
     history.copy_(extended[:, length:])
     return extended
 
@@ -388,15 +381,11 @@ if HAS_TRITON:
         tl.store(out_ptr + row * row_size + offsets, tl.where(is_held, held.to(out_dtype), activated), mask=in_row)
 
     @triton.jit
-    def _add_biased_kernel(x_ptr, y_ptr, bias_ptr, x_bias_ptr, out_ptr, num_elements, channels,
-                           HAS_X_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_biased_kernel(x_ptr, y_ptr, bias_ptr, out_ptr, num_elements, channels, BLOCK: tl.constexpr):
         offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < num_elements
         dtype = out_ptr.dtype.element_ty
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        if HAS_X_BIAS:
-            x_bias = tl.load(x_bias_ptr + offsets % channels, mask=mask, other=0.0).to(tl.float32)
-            x = (x + x_bias).to(dtype).to(tl.float32)
         y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         bias = tl.load(bias_ptr + offsets % channels, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + offsets, (x + (y + bias).to(dtype).to(tl.float32)).to(dtype), mask=mask)
