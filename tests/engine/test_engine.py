@@ -308,6 +308,60 @@ def test_a_codec_call_that_fails_on_the_device_fails_its_stream_and_the_engine_k
     assert engine.scheduler.num_kv_blocks_used == 0 and engine.scheduler.num_slots_used == 0
 
 
+def test_audio_that_comes_out_nan_fails_its_stream_alone_and_the_engine_keeps_serving(tiny_models,
+                                                                                      monkeypatch) -> None:
+    """An fp16 convolution that overflows poisons its row with NaNs: that stream fails saying so, and no NaN
+    reaches a listener; the stream decoded beside it, and the requests after it, are unharmed."""
+    model = tiny_models["custom_voice"]
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=6, min_new_frames=6)
+    synthesis = SynthesisInput("Good morning.", "auto", "eric")
+
+    class PoisonedCopy:
+        def __init__(self, pending, row: int) -> None:
+            self.pending, self.row = pending, row
+
+        def result(self) -> np.ndarray:
+            samples = self.pending.result()
+            samples[self.row, 7] = np.nan
+            return samples
+
+    async def scenario():
+        engine = make_engine(model, chunk_schedule=(1,))
+        original = engine.runner.start_audio
+        calls = {"count": 0}
+
+        def poisoning(slots, codes):
+            calls["count"] += 1
+            pending = original(slots, codes)
+            # From the third call on, the first that decodes the victim's frames as well as another's: only the
+            # victim's row is poisoned.
+            victim = engine.scheduler.requests.get("victim")
+            victim_slot = None if victim is None else victim.slot
+            if calls["count"] >= 3 and not calls.get("poisoned") and victim_slot in slots and len(slots) > 1:
+                calls["poisoned"] = True
+                return PoisonedCopy(pending, slots.index(victim_slot))
+            return pending
+
+        monkeypatch.setattr(engine.runner, "start_audio", poisoning)
+        engine.start()
+        victim = await engine.submit(SynthesisRequest("victim", synthesis, params))
+        neighbour = await engine.submit(SynthesisRequest("neighbour", synthesis, params))
+        with pytest.raises(RequestFailed, match="non-finite samples"):
+            await victim.collect()
+        neighbour_audio, neighbour_summary = await neighbour.collect()
+        later_audio, later = await (await engine.submit(SynthesisRequest("later", synthesis, params))).collect()
+        await engine.stop()
+        return engine, victim.summary, (neighbour_audio, neighbour_summary), (later_audio, later)
+
+    engine, victim_summary, neighbour, later = asyncio.run(scenario())
+    assert victim_summary.finish_reason is FinishReason.ERROR
+    assert victim_summary.num_frames < 6  # it failed mid-stream
+    for audio, summary in (neighbour, later):
+        assert summary.finish_reason is FinishReason.LENGTH and np.isfinite(audio).all()
+        np.testing.assert_allclose(audio, one_shot_audio(model, summary.codes), atol=1e-4)
+    assert engine.scheduler.num_kv_blocks_used == 0 and engine.scheduler.num_slots_used == 0
+
+
 def test_open_text_closed_without_words_fails_naming_the_text_field(tiny_models) -> None:
     model = tiny_models["custom_voice"]
 

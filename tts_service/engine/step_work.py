@@ -19,6 +19,10 @@ from tts_service.runner.runner import HostCopy, ModelRunner, PendingStep, StepIn
 
 logger = logging.getLogger(__name__)
 
+# What a stream whose audio came out NaN or infinite is told. The codec clamps its waveform, so only a NaN gets
+# this far, and the likeliest one is an fp16 convolution that overflowed: its state is poisoned, its audio lost.
+NON_FINITE_AUDIO = "audio decoding produced non-finite samples"
+
 
 @dataclass(frozen=True)
 class CodecWork:
@@ -108,7 +112,8 @@ class AudioInFlight:
     calls: list[tuple[list[CodecWork], HostCopy]] = field(default_factory=list)
 
     def collect(self) -> StepDone:
-        """The samples by (request id, first frame); a call that failed on the device is charged to its chunks."""
+        """The samples by (request id, first frame); a call that failed on the device is charged to its chunks, and
+        a chunk whose samples are not all finite to its own request (a listener must never get NaNs)."""
         done = StepDone()
         for group, pending in self.calls:
             try:
@@ -118,8 +123,16 @@ class AudioInFlight:
                 for chunk in group:
                     done.errors[chunk.request_id] = f"audio decoding failed: {error}"
                 continue
-            for chunk, row in zip(group, samples, strict=True):
-                done.audio[(chunk.request_id, chunk.first_frame)] = row
+            is_finite = np.isfinite(samples).all(axis=1)
+            for chunk, row, is_row_finite in zip(group, samples, is_finite, strict=True):
+                if is_row_finite:
+                    done.audio[(chunk.request_id, chunk.first_frame)] = row
+                else:
+                    done.errors[chunk.request_id] = NON_FINITE_AUDIO
+            if not is_finite.all():
+                logger.error("%s for %d of %d requests; with fp16 convolutions in the codec (the default on CUDA) "
+                             "that is an overflow, which --codec-convolution-dtype float32 avoids", NON_FINITE_AUDIO,
+                             int((~is_finite).sum()), len(group))
         self.calls.clear()
         return done
 
