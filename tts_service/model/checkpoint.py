@@ -55,7 +55,7 @@ class LoadOptions:
     # The codec decoder stays fp32 by default: in bf16 its waveform moves by up to ~0.08 from fp32 on random
     # weights, as the reference's own does in bf16 (BENCHMARKS.md, "codec fidelity"); bf16 is an opt-in.
     codec_decoder_dtype: torch.dtype = torch.float32
-    # An fp32 decoder's convolutions read and write fp16 (CodecDecoder.use_half_convolutions).
+    # An fp32 decoder's residual units' convolutions read and write fp16 (CodecDecoder.use_half_convolutions).
     codec_half_convolutions: bool = False
 
     @classmethod
