@@ -73,8 +73,9 @@ class BenchRequest:
 
 def bench_workload(num_requests: int) -> list[BenchRequest]:
     """The fixed texts, in turn."""
-    return [BenchRequest(index % len(BENCH_TEXTS), BENCH_TEXTS[index % len(BENCH_TEXTS)], "english",
-                         frames_for_text(BENCH_TEXTS[index % len(BENCH_TEXTS)])) for index in range(num_requests)]
+    indices = [index % len(BENCH_TEXTS) for index in range(num_requests)]
+    return [BenchRequest(index, BENCH_TEXTS[index], "english", frames_for_text(BENCH_TEXTS[index]))
+            for index in indices]
 
 
 def loadgen_workload(num_requests: int, seed: int) -> list[BenchRequest]:

@@ -304,6 +304,27 @@ def test_half_convolution_streams_equal_their_one_shot_decode(small_config: Code
     assert abs(signal_to_error_db(streamed, exact) - signal_to_error_db(one_shot, exact)) < 0.5
 
 
+def test_every_convolution_but_the_last_can_run_in_fp16_and_still_streams_as_it_decodes_at_once(
+        small_config: CodecDecoderConfig) -> None:
+    """The per-layer switch works for each kind of layer (the first version of this change narrowed them all), not
+    only for the residual units `use_half_convolutions` picks: transposed convolutions, depthwise ones, and those
+    whose input is not an activation's."""
+    decoder = random_decoder(small_config)
+    codes = random_codes(small_config, batch=2, frames=12, seed=4)
+    *convolutions, last = [m for m in decoder.modules() if isinstance(m, CausalConv1d | CausalConvTranspose1d)]
+    assert last is decoder.decoder[-1]
+    with torch.no_grad():
+        exact = decoder(codes)[:, 0]
+        for module in convolutions:
+            module.input_dtype = torch.float16
+        one_shot = decoder(codes)[:, 0]
+        streamed = decode_in_chunks(decoder, codes, 1)
+    assert {t.dtype for t in decoder.new_stream_state(1).conv} == {torch.float16, torch.float32}
+    assert 40 < signal_to_error_db(one_shot, exact) < 80
+    assert signal_to_error_db(streamed, one_shot) > 45
+    assert abs(signal_to_error_db(streamed, exact) - signal_to_error_db(one_shot, exact)) < 0.5
+
+
 def test_half_convolutions_cover_the_residual_units_and_keep_their_history_in_fp16(
         small_config: CodecDecoderConfig) -> None:
     decoder = random_decoder(small_config)
