@@ -1,8 +1,8 @@
 # Sourced by the device scripts that drive a real server on a GPU machine with no network:
 #     source benchmarks/device_server.sh; start_server OUT_DIR MODEL PORT [SERVER_FLAG ...]
 # It installs the carried wheels (.whl/site, .whl/grpc, .whl/otel: fetched here by benchmarks/fetch_wheels.sh),
-# starts `python -m tts_service` logging into OUT_DIR/server.log, stops it with SIGTERM when the script exits,
-# and returns once the server answers SERVING (health Watch: no polling).
+# starts `python -m tts_service` logging into OUT_DIR/server.log, stops it with SIGTERM when the script exits
+# (or at `stop_server`, which waits for it), and returns once the server answers SERVING (health Watch: no polling).
 install_wheels() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$1" "${@:2}"; }
 install_wheels /tmp/site .whl/site/*.whl .whl/grpc/*.whl .whl/otel/*.whl
 export PYTHONPATH="$PWD:$PWD/proto:/tmp/site" PYTHONUNBUFFERED=1
@@ -24,4 +24,10 @@ for reply in stub.Watch(health_pb2.HealthCheckRequest(), timeout=240, wait_for_r
     if reply.status == health_pb2.HealthCheckResponse.SERVING:
         break
 PY
+}
+
+stop_server() {
+  kill -TERM "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+  trap - EXIT
 }
