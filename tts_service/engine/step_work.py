@@ -73,7 +73,7 @@ class StepDone:
     frames: dict[str, np.ndarray] = field(default_factory=dict)  # request id -> [G] codes
     audio: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)  # (request id, first frame) -> samples
     errors: dict[str, str] = field(default_factory=dict)
-    # The step's codec calls, queued behind its frames: the next step (or the loop, when idle) collects them.
+    # The step's codec calls, queued once its frames are back: the next step (or the loop, when idle) collects them.
     audio_in_flight: AudioInFlight | None = None
     launch_s: float = 0.0  # host seconds queueing the codec restarts and the frames (building the frames' inputs)
     codec_s: float = 0.0  # host seconds then waiting for the previous step's samples and handing them over
@@ -84,10 +84,10 @@ class StepDone:
 def run_step(runner: ModelRunner, work: StepWork, hand_out_previous: Callable[[], None] | None) -> StepDone:
     """The whole step on the runner's thread, nothing in it waiting for the event loop.
 
-    The frames are queued first, behind the previous step's codec calls; while they run, `hand_out_previous`
-    waits for the previous step's samples and hands them out. Then, once the frames are back, the
-    step's codec calls (every chunk, the frames just made included) are queued and left running: the loop
-    updates the scheduler and plans the next step while the device decodes.
+    The frames are queued first, beside the previous step's codec calls (the codec has a stream of its own); while
+    they run, `hand_out_previous` waits for the previous step's samples and hands them out. Then, once the
+    frames are back, the step's codec calls (every chunk, the frames just made included) are queued and left
+    running: the loop updates the scheduler and plans the next step while the device decodes.
     """
     started = time.perf_counter()
     done = StepDone()

@@ -73,7 +73,7 @@ class HostCopy:
     """A device tensor's copy on its way to the host; `result()` waits for it alone. On CUDA the copy goes to
     pinned memory behind an event, so it is queued after the work that makes the tensor instead of waiting for
     it (a graph's output buffer is reused by its next replay, which the stream orders after this copy): the host
-    can queue a step's frames behind its codec call and hand the audio out while those run."""
+    can queue a step's frames beside its codec call and hand the audio out while both run."""
 
     def __init__(self, values: torch.Tensor) -> None:
         self._ready: torch.cuda.Event | None = None
@@ -210,6 +210,11 @@ class ModelRunner:
         self.prefill = self._allocate_prefill_buffers(talker_config.layers.hidden_size)
         self.pad_embedding = embed_text_ids(self.talker, [self.tts_pad_id])[0]
         self.staging = _IdStaging(self.device)
+        # The codec decodes on a stream of its own, so that a step's audio is decoded beside the next step's
+        # frames instead of after them: the frame step is mostly small, latency-bound kernels that leave most of
+        # the device idle, which the codec's convolutions fill. Nothing on one stream reads what the other writes:
+        # the codec's inputs come from the host, and its graphs have their own memory pool.
+        self.codec_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
         # Prefill calls run eagerly although graphs are on: a batch or prompt beyond every captured bucket.
         self.num_eager_prefills = 0
@@ -282,32 +287,43 @@ class ModelRunner:
         buffers.last_hidden[:batch] = hidden[rows, (lengths - 1).clamp(min=0)]
 
     def _capture_graphs(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
+        assert self.codec_stream is not None
         self.decode_backend.set_metadata(torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int64))
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
+        frame_stream = torch.cuda.Stream(self.device)
+        streams = (frame_stream, self.codec_stream)
+        for stream in streams:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
 
-        def capture(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        def capture(step: Callable[[], None], pool: tuple[int, int]) -> torch.cuda.CUDAGraph:
             step()  # warm-up: lazy initialisation stays out of the graph
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
+            with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.current_stream(self.device)):
                 step()
             return graph
 
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for batch in reversed(self.buckets):
-                self.rows.talker_graphs[batch] = capture(lambda b=batch: self._talker_decode_step(b))
-                self.rows.sampling_graphs[batch] = capture(lambda b=batch: self._sampling_step(b))
-                for num_frames in self.config.codec_graph_chunk_sizes:
-                    with _autotuned_convolutions():  # the warm-up call autotunes; the capture finds its choice
+        # The frame graphs share one pool, replayed one after another on one stream; the codec's graphs, which
+        # run beside them, get another. They are captured on the codec's stream, so that they do not share the
+        # cuBLAS workspace that PyTorch keeps per stream with the frame graphs either.
+        frame_pool, codec_pool = torch.cuda.graph_pool_handle(), torch.cuda.graph_pool_handle()
+        with torch.inference_mode():
+            with torch.cuda.stream(frame_stream):
+                for batch in reversed(self.buckets):
+                    self.rows.talker_graphs[batch] = capture(lambda b=batch: self._talker_decode_step(b), frame_pool)
+                    self.rows.sampling_graphs[batch] = capture(lambda b=batch: self._sampling_step(b), frame_pool)
+                for batch in self.prefill_batch_buckets:
+                    for length in self.prefill_length_buckets:
+                        self.prefill.graphs[(batch, length)] = capture(
+                            lambda b=batch, t=length: self._prefill_step(b, t), frame_pool)
+            # The warm-up calls autotune; the captures find their choice.
+            with torch.cuda.stream(self.codec_stream), _autotuned_convolutions():
+                for batch in reversed(self.buckets):
+                    for num_frames in self.config.codec_graph_chunk_sizes:
                         self.codec.graphs[(batch, num_frames)] = capture(
-                            lambda b=batch, t=num_frames: self._codec_step(b, t))
-            for batch in self.prefill_batch_buckets:
-                for length in self.prefill_length_buckets:
-                    self.prefill.graphs[(batch, length)] = capture(lambda b=batch, t=length: self._prefill_step(b, t))
-            # The warm-ups advanced the scratch row's stream; keep it bounded at its start.
-            self.codec_state.reset_rows(torch.tensor([self.codec_scratch_row], device=self.device))
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+                            lambda b=batch, t=num_frames: self._codec_step(b, t), codec_pool)
+                # The warm-ups advanced the scratch row's stream; keep it bounded at its start.
+                self.codec_state.reset_rows(torch.tensor([self.codec_scratch_row], device=self.device))
+        for stream in streams:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
 
     def captured_graph_batch_sizes(self) -> dict[str, list[int]]:
@@ -494,9 +510,14 @@ class ModelRunner:
     def _store_codec_rows(self, slots: torch.Tensor, rows: CodecStreamState) -> None:
         self.codec_state.store_rows(slots, rows)
 
+    def _on_codec_stream(self) -> contextlib.AbstractContextManager[object]:
+        """Where every piece of the codec's device work is queued, so that it runs in the order queued."""
+        return contextlib.nullcontext() if self.codec_stream is None else torch.cuda.stream(self.codec_stream)
+
     @torch.inference_mode()
     def reset_audio(self, slots: list[int]) -> None:
-        self.codec_state.reset_rows(torch.tensor(slots, dtype=torch.int64, device=self.device))
+        with self._on_codec_stream():
+            self.codec_state.reset_rows(torch.tensor(slots, dtype=torch.int64, device=self.device))
 
     def decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
         """Decode the next `codes` [n, T, G] of each slot's audio stream -> float32 samples [n, T * spf]."""
@@ -506,22 +527,24 @@ class ModelRunner:
     def start_audio(self, slots: list[int], codes: np.ndarray) -> HostCopy:
         """Queue the decoding of `codes` as `decode_audio` does, without waiting for it: its result() is the
         float32 samples [n, T * samples_per_frame]. Bad codes raise here."""
-        if self.timer is None:
-            return HostCopy(self._decode_audio(slots, codes))
-        self.timer.start()
-        pending = HostCopy(self._decode_audio(slots, codes))
-        self.timer.mark("codec")
-        return pending
+        with self._on_codec_stream():
+            if self.timer is None:
+                return HostCopy(self._decode_audio(slots, codes))
+            self.timer.start()
+            pending = HostCopy(self._decode_audio(slots, codes))
+            self.timer.mark("codec")
+            return pending
 
     @torch.inference_mode()
     def prime_audio(self, slots: list[int], codes: np.ndarray) -> None:
         """Advance each slot's audio stream through `codes` whose audio nobody hears (a clone's reference frames,
         a resumed stream's frames already sent), queued on the device without a copy to the host."""
-        if self.timer is not None:
-            self.timer.start()
-        self._decode_audio(slots, codes)
-        if self.timer is not None:
-            self.timer.mark("codec")
+        with self._on_codec_stream():
+            if self.timer is not None:
+                self.timer.start()
+            self._decode_audio(slots, codes)
+            if self.timer is not None:
+                self.timer.mark("codec")
 
     def _decode_audio(self, slots: list[int], codes: np.ndarray) -> torch.Tensor:
         # Checked on the host: an out-of-range code would be a device-side assert, which poisons
