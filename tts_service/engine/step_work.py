@@ -91,8 +91,8 @@ def run_step(runner: ModelRunner, work: StepWork, hand_out_previous: Callable[[]
     """
     started = time.perf_counter()
     done = StepDone()
-    _restart_audio(runner, work.restarts, done.errors)
     frames = start_frames(runner, work)
+    _restart_audio(runner, work.restarts, done.errors)  # on the codec's stream, while the frames run
     launched = time.perf_counter()
     if hand_out_previous is not None:
         hand_out_previous()
