@@ -46,8 +46,7 @@ def test_audio_left_in_flight_while_the_next_frames_run_equals_the_stream_decode
 
 def test_codec_graphs_run_on_their_own_stream_and_memory_pool_beside_the_frame_graphs() -> None:
     """The codec's graphs replay while the frame graphs run: sharing a memory pool (or the capture stream's cuBLAS
-    workspace), they would overwrite each other's intermediates. The frames, every stream's critical path, go
-    first where both want the device."""
+    workspace), they would overwrite each other's intermediates."""
     model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
     config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=8, max_positions_per_request=32,
                           graph_batch_sizes=(1, 2), codec_chunk_schedule=(1, 2))
@@ -57,9 +56,7 @@ def test_codec_graphs_run_on_their_own_stream_and_memory_pool_beside_the_frame_g
     codec_pools = {graph.pool() for graph in runner.codec.graphs.values()}
     assert len(codec_pools) == 1 and frame_graphs and runner.codec.graphs
     assert not codec_pools & {graph.pool() for graph in frame_graphs}
-    assert runner.codec_stream is not None and runner.frame_stream is not None
-    assert len({runner.codec_stream, runner.frame_stream, torch.cuda.current_stream()}) == 3
-    assert runner.frame_stream.priority < runner.codec_stream.priority  # lower is more urgent
+    assert runner.codec_stream is not None and runner.codec_stream != torch.cuda.current_stream()
 
 
 @pytest.mark.usefixtures("fp32_convolutions")

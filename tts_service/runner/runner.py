@@ -210,14 +210,11 @@ class ModelRunner:
         self.prefill = self._allocate_prefill_buffers(talker_config.layers.hidden_size)
         self.pad_embedding = embed_text_ids(self.talker, [self.tts_pad_id])[0]
         self.staging = _IdStaging(self.device)
-        # The frames and the codec run on streams of their own, so that a step's audio is decoded beside the next
-        # step's frames instead of after them. The frames are the step's critical path, mostly small
-        # latency-bound kernels: their stream has the higher priority, and the codec's convolutions fill the SMs
-        # they leave idle. Nothing on one stream reads what the other writes: the codec's inputs come from the
-        # host, and its graphs have their own memory pool.
-        is_cuda = self.device.type == "cuda"
-        self.frame_stream = torch.cuda.Stream(self.device, priority=-1) if is_cuda else None
-        self.codec_stream = torch.cuda.Stream(self.device) if is_cuda else None
+        # The codec decodes on a stream of its own, so that a step's audio is decoded beside the next step's
+        # frames instead of after them: the frame step is mostly small, latency-bound kernels that leave most of
+        # the device idle, which the codec's convolutions fill. Nothing on one stream reads what the other writes:
+        # the codec's inputs come from the host, and its graphs have their own memory pool.
+        self.codec_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
         # Prefill calls run eagerly although graphs are on: a batch or prompt beyond every captured bucket.
         self.num_eager_prefills = 0
@@ -290,9 +287,9 @@ class ModelRunner:
         buffers.last_hidden[:batch] = hidden[rows, (lengths - 1).clamp(min=0)]
 
     def _capture_graphs(self) -> None:
-        assert self.frame_stream is not None and self.codec_stream is not None
+        assert self.codec_stream is not None
         self.decode_backend.set_metadata(torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int64))
-        frame_stream = self.frame_stream
+        frame_stream = torch.cuda.Stream(self.device)
         streams = (frame_stream, self.codec_stream)
         for stream in streams:
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -305,8 +302,8 @@ class ModelRunner:
             return graph
 
         # The frame graphs share one pool, replayed one after another on one stream; the codec's graphs, which
-        # run beside them, get another. Each is captured on the stream it replays on, so that they do not share
-        # the cuBLAS workspace that PyTorch keeps per stream either.
+        # run beside them, get another. They are captured on the codec's stream, so that they do not share the
+        # cuBLAS workspace that PyTorch keeps per stream with the frame graphs either.
         frame_pool, codec_pool = torch.cuda.graph_pool_handle(), torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             with torch.cuda.stream(frame_stream):
@@ -458,17 +455,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def start_step(self, step: StepInput) -> PendingStep:
-        """Queue the step's work on the device (on the frame stream, behind whatever the caller's stream holds, a
-        voice's speaker embedding say) and return without waiting for it."""
-        if self.frame_stream is None:
-            return self._start_step(step)
-        self.frame_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.frame_stream):
-            return self._start_step(step)
-
-    def _start_step(self, step: StepInput) -> PendingStep:
-        """The running requests' talker pass goes first: the device runs it while the host lays out the prefills
-        (1.5 ms of host time a step at 128 streams on an H100, which the device spent idle when they went first)."""
+        """Queue the step's work on the device and return without waiting for it. The running requests' talker
+        pass goes first: the device runs it while the host lays out the prefills (1.5 ms of host time a step at
+        128 streams on an H100, which the device spent idle when they went first)."""
         timer = self.timer
         if timer is not None:
             timer.start()
