@@ -19,6 +19,7 @@ from tts_service.engine.engine import Engine
 from tts_service.engine.streams import RequestFailed, SynthesisRequest
 from tts_service.model.prompts import PromptError, SynthesisInput
 from tts_service.runner.params import GenerationParams, SamplingParams
+from tts_service.runner.runner import StepInput
 
 GREEDY = SamplingParams(0.0)
 TEXTS = ["Hello there, how are you?", "Short.", "A longer sentence, so that prompts differ in length a lot.",
@@ -270,6 +271,21 @@ def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(tiny_mode
     assert torch.equal(torch.from_numpy(later.codes), eager_codes(model, [(synthesis, params)])[0])
 
 
+def intercept_codec_calls(monkeypatch, runner, wrap) -> None:
+    """Every codec call's pending samples go through wrap(slots, pending), whether the frame step queued the call
+    (its audio slots) or `start_audio` did."""
+    start_step, start_audio = runner.start_step, runner.start_audio
+
+    def step(step_input):
+        pending = start_step(step_input)
+        if pending.audio is not None:
+            pending.audio = wrap(list(pending.audio_slots), pending.audio)
+        return pending
+
+    monkeypatch.setattr(runner, "start_step", step)
+    monkeypatch.setattr(runner, "start_audio", lambda slots, codes: wrap(slots, start_audio(slots, codes)))
+
+
 def test_a_codec_call_that_fails_on_the_device_fails_its_stream_and_the_engine_keeps_serving(tiny_models,
                                                                                             monkeypatch) -> None:
     """The step's codec call is collected a step later; its failure then ends its stream with the error."""
@@ -283,15 +299,13 @@ def test_a_codec_call_that_fails_on_the_device_fails_its_stream_and_the_engine_k
 
     async def scenario():
         engine = make_engine(model, chunk_schedule=(1,))
-        original = engine.runner.start_audio
         calls = {"count": 0}
 
-        def flaky(slots, codes):
+        def flaky(slots, pending):
             calls["count"] += 1
-            pending = original(slots, codes)
             return FailedCopy() if calls["count"] == 3 else pending
 
-        monkeypatch.setattr(engine.runner, "start_audio", flaky)
+        intercept_codec_calls(monkeypatch, engine.runner, flaky)
         engine.start()
         victim = await engine.submit(SynthesisRequest("victim", synthesis, params))
         with pytest.raises(RequestFailed, match="injected device fault"):
@@ -327,12 +341,10 @@ def test_audio_that_comes_out_nan_fails_its_stream_alone_and_the_engine_keeps_se
 
     async def scenario():
         engine = make_engine(model, chunk_schedule=(1,))
-        original = engine.runner.start_audio
         calls = {"count": 0}
 
-        def poisoning(slots, codes):
+        def poisoning(slots, pending):
             calls["count"] += 1
-            pending = original(slots, codes)
             # From the third call on, the first that decodes the victim's frames as well as another's: only the
             # victim's row is poisoned.
             victim = engine.scheduler.requests.get("victim")
@@ -342,7 +354,7 @@ def test_audio_that_comes_out_nan_fails_its_stream_alone_and_the_engine_keeps_se
                 return PoisonedCopy(pending, slots.index(victim_slot))
             return pending
 
-        monkeypatch.setattr(engine.runner, "start_audio", poisoning)
+        intercept_codec_calls(monkeypatch, engine.runner, poisoning)
         engine.start()
         victim = await engine.submit(SynthesisRequest("victim", synthesis, params))
         neighbour = await engine.submit(SynthesisRequest("neighbour", synthesis, params))
@@ -468,37 +480,34 @@ def test_the_step_profiler_times_every_phase_only_when_it_is_on(tiny_models) -> 
 
 
 @pytest.mark.parametrize("max_new_frames", [1, 5])
-def test_each_step_decodes_the_frames_it_made_in_one_codec_call_after_them(tiny_models, max_new_frames: int) -> None:
+def test_each_step_decodes_the_frames_it_made_in_the_frame_step_itself(tiny_models, max_new_frames: int) -> None:
+    """With one-frame chunks, every stream's newest frame is decoded on the device right behind the frames, in
+    the frame step's own codec call: nothing goes through `start_audio` after the frames reach the host."""
     model = tiny_models["custom_voice"]
     params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=max_new_frames,
                               min_new_frames=max_new_frames)
     requests = [SynthesisRequest(f"r{index}", SynthesisInput(text, "auto", "eric"), params)
                 for index, text in enumerate(TEXTS[:3])]
     engine = make_engine(model, chunk_schedule=(1,))
-    calls: list[tuple[str, object]] = []
+    steps: list[tuple[StepInput, object]] = []
     runner = engine.runner
-    start_step, start_audio = runner.start_step, runner.start_audio
+    start_step = runner.start_step
 
     def logged_step(step):
         pending = start_step(step)
-        result = pending.result
-        pending.result = lambda: calls.append(("frames", result())) or calls[-1][1]
+        steps.append((step, pending))
         return pending
 
-    def logged_audio(slots, codes):
-        calls.append(("codec", codes.copy()))
-        return start_audio(slots, codes)
+    def unexpected_audio(slots, codes):
+        raise AssertionError("a chunk was decoded after its frames reached the host")
 
-    runner.start_step, runner.start_audio = logged_step, logged_audio
+    runner.start_step, runner.start_audio = logged_step, unexpected_audio
     results = asyncio.run(run_all(engine, requests))
-    # Requests may join in different steps, so there are at least max_new_frames steps; no frame is EOS (they
-    # all stop at the length limit), so each step's frames are followed by one codec call, and nothing else.
-    kinds = [kind for kind, _ in calls]
-    assert len(kinds) >= 2 * max_new_frames and kinds == ["frames", "codec"] * (len(kinds) // 2)
-    for (_, frames), (_, codes) in zip(calls[0::2], calls[1::2], strict=True):
-        # The step's one codec call decodes exactly the frames it made: the running streams', then the new ones'.
-        assert codes.shape[1] == 1
-        assert np.array_equal(codes[:, 0], np.concatenate([frames.decode_frames, frames.prefill_frames]))
+    assert len(steps) >= max_new_frames
+    for step, pending in steps:
+        # Every frame the step made is decoded (no frame is EOS: they all stop at the length limit), in row order.
+        slots = tuple(item.slot for item in (*step.decodes, *step.prefills))
+        assert step.audio_slots == frozenset(slots) and pending.audio_slots == slots
     for audio, summary in results:
         assert summary.finish_reason is FinishReason.LENGTH
         assert audio.shape == (max_new_frames * model.speech_config.samples_per_frame,)

@@ -31,17 +31,20 @@ def test_graph_captured_runner_equals_eager_generate_on_gpu() -> None:
 
 
 @pytest.mark.usefixtures("fp32_convolutions")
-def test_audio_left_in_flight_while_the_next_frames_run_equals_the_stream_decoded_at_once_on_gpu() -> None:
-    """As the engine runs them: each step's codec graph is queued on the codec's stream once its frames are back,
-    and collected only after the next step's frames are queued beside it. A graph buffer read after its next
-    replay, or a codec state stored out of order, would be off by far more than 1e-4 (chunked and whole agree to
-    ~1e-6 in exact fp32)."""
+@pytest.mark.parametrize("is_audio_in_step", [False, True], ids=["after-the-frames", "in-the-frame-step"])
+def test_audio_left_in_flight_while_the_next_frames_run_equals_the_stream_decoded_at_once_on_gpu(
+        is_audio_in_step: bool) -> None:
+    """As the engine runs them: each step's codec graph is queued on the codec's stream, once its frames are back
+    or by the frame step itself (reading the frame rows on the device), and collected only after the next step's
+    frames are queued beside it. A graph buffer read after its next replay, frame rows overwritten before the
+    codec read them, or a codec state stored out of order, would be off by far more than 1e-4 (chunked and whole
+    agree to ~1e-6 in exact fp32)."""
     model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
     config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=256,
                           graph_batch_sizes=(1, 2), codec_chunk_schedule=(1,))
     runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
     assert (4, 1) in runner.codec.graphs
-    assert_audio_in_flight_equals_one_shot(model, runner, atol=1e-4)
+    assert_audio_in_flight_equals_one_shot(model, runner, atol=1e-4, is_audio_in_step=is_audio_in_step)
 
 
 def test_codec_graphs_run_on_their_own_stream_and_memory_pool_beside_the_frame_graphs() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -37,13 +39,16 @@ def requests_for(model, num_frames: list[int]):
 
 
 def run_staggered(runner: ModelRunner, requests: list[GenerationRequest], admit_at: list[int],
-                  pad_id: int, audio: list[list[np.ndarray]] | None = None) -> list[list[np.ndarray]]:
+                  pad_id: int, audio: list[list[np.ndarray]] | None = None,
+                  is_audio_in_step: bool = False) -> list[list[np.ndarray]]:
     """A minimal engine loop: admit request i at step admit_at[i], then decode every admitted request each step.
 
     With `audio`, each step's frames are also decoded to audio in the engine's order: the codec call is left
-    in flight while the next step's frames are queued, and only then collected (into `audio[request]`)."""
+    in flight while the next step's frames are queued, and only then collected (into `audio[request]`). The
+    call is queued once the frames are back (`start_audio`), or, `is_audio_in_step`, by the frame step itself
+    (`StepInput.audio_slots`)."""
     frames: list[list[np.ndarray]] = [[] for _ in requests]
-    audio_in_flight: tuple[list[int], HostCopy] | None = None
+    audio_in_flight: tuple[list[int | None], HostCopy] | None = None
     finished = [False] * len(requests)
     blocks: list[tuple[int, ...]] = []
     next_block = 0
@@ -62,7 +67,12 @@ def run_staggered(runner: ModelRunner, requests: list[GenerationRequest], admit_
                 trailing = request.prompt.trailing_text_ids
                 text = trailing[index - 1] if index - 1 < len(trailing) else pad_id
                 decodes.append(DecodeInput(i, blocks[i], request.prompt.num_positions + index - 1, index, text))
-        pending = runner.start_step(StepInput(prefills, tuple(decodes)))
+        audio_slots: frozenset[int] = frozenset()
+        if audio is not None and is_audio_in_step:
+            if prefills:
+                runner.reset_audio([p.slot for p in prefills])
+            audio_slots = frozenset([p.slot for p in prefills] + [d.slot for d in decodes])
+        pending = runner.start_step(StepInput(prefills, tuple(decodes), audio_slots))
         if audio_in_flight is not None:
             _collect_audio(audio_in_flight, audio)
             audio_in_flight = None
@@ -77,7 +87,10 @@ def run_staggered(runner: ModelRunner, requests: list[GenerationRequest], admit_
             frames[slot].append(frame)
             finished[slot] = len(frames[slot]) == requests[slot].params.max_new_frames
             kept.append((slot, frame))
-        if audio is not None and kept:
+        if is_audio_in_step and pending.audio is not None:
+            kept_slots = {slot for slot, _ in kept}  # an EOS frame's audio is dropped
+            audio_in_flight = [slot if slot in kept_slots else None for slot in pending.audio_slots], pending.audio
+        elif audio is not None and kept:
             slots = [slot for slot, _ in kept]
             if started := [slot for slot in slots if len(frames[slot]) == 1]:
                 runner.reset_audio(started)
@@ -88,11 +101,12 @@ def run_staggered(runner: ModelRunner, requests: list[GenerationRequest], admit_
     return frames
 
 
-def _collect_audio(in_flight: tuple[list[int], HostCopy], audio: list[list[np.ndarray]] | None) -> None:
+def _collect_audio(in_flight: tuple[list[int | None], HostCopy], audio: list[list[np.ndarray]] | None) -> None:
     slots, pending = in_flight
     assert audio is not None
     for slot, samples in zip(slots, pending.result(), strict=True):
-        audio[slot].append(samples)
+        if slot is not None:
+            audio[slot].append(samples)
 
 
 def one_shot_audio(model, frames: list[np.ndarray]) -> np.ndarray:
@@ -102,21 +116,47 @@ def one_shot_audio(model, frames: list[np.ndarray]) -> np.ndarray:
         return model.codec_decoder(codes)[0, 0].float().cpu().numpy()
 
 
-def assert_audio_in_flight_equals_one_shot(model, runner: ModelRunner, atol: float) -> None:
+def assert_audio_in_flight_equals_one_shot(model, runner: ModelRunner, atol: float,
+                                           is_audio_in_step: bool = False) -> None:
     """Three staggered requests, each step's audio decoded while the next step's frames run (as the engine
     does): every stream's chunks together equal its frames decoded in one call, within `atol`."""
     audio: list[list[np.ndarray]] = [[], [], []]
     frames = run_staggered(runner, requests_for(model, [9, 14, 11]), [0, 3, 5], model.config.tts_pad_token_id,
-                           audio)
+                           audio, is_audio_in_step)
     for stream_frames, chunks in zip(frames, audio, strict=True):
         assert len(chunks) == len(stream_frames)
         np.testing.assert_allclose(np.concatenate(chunks), one_shot_audio(model, stream_frames), atol=atol)
 
 
-def test_audio_left_in_flight_while_the_next_frames_run_equals_the_whole_stream_decoded_at_once(tiny_models) -> None:
+@pytest.mark.parametrize("is_audio_in_step", [False, True], ids=["after-the-frames", "in-the-frame-step"])
+def test_audio_left_in_flight_while_the_next_frames_run_equals_the_whole_stream_decoded_at_once(
+        tiny_models, is_audio_in_step: bool) -> None:
     model = tiny_models["custom_voice"]
     runner = ModelRunner(model, runner_config(model, num_kv_blocks=64, max_positions_per_request=256))
-    assert_audio_in_flight_equals_one_shot(model, runner, atol=1e-5)
+    assert_audio_in_flight_equals_one_shot(model, runner, atol=1e-5, is_audio_in_step=is_audio_in_step)
+
+
+def test_the_frame_step_decodes_audio_for_its_audio_slots_alone_in_row_order(tiny_models) -> None:
+    """Decodes first, then prefills, as the frame rows are laid out; a slot not asked for is left to the caller."""
+    model = tiny_models["custom_voice"]
+    runner = ModelRunner(model, runner_config(model, num_kv_blocks=64, max_positions_per_request=256))
+    requests = requests_for(model, [4, 4, 4])
+    blocks = [tuple(range(index * 16, index * 16 + 16)) for index in range(3)]
+    first = runner.start_step(StepInput((PrefillInput(2, blocks[2], requests[2].prompt, requests[2].params),),
+                                        audio_slots=frozenset({2})))
+    frame = first.result().prefill_frames[0]
+    assert first.audio_slots == (2,) and first.audio is not None
+    reference = ModelRunner(model, runner_config(model, num_kv_blocks=8, max_positions_per_request=32))
+    np.testing.assert_allclose(first.audio.result(), reference.decode_audio([0], frame[None, None]), atol=1e-6)
+    decode = DecodeInput(2, blocks[2], requests[2].prompt.num_positions, 1, model.config.tts_pad_token_id)
+    prefills = tuple(PrefillInput(slot, blocks[slot], requests[slot].prompt, requests[slot].params)
+                     for slot in (1, 0))
+    second = runner.start_step(StepInput(prefills, (decode,), audio_slots=frozenset({0, 2})))
+    second.result()
+    assert second.audio_slots == (2, 0) and second.audio is not None
+    assert second.audio.result().shape == (2, model.speech_config.samples_per_frame)
+    assert runner.start_step(StepInput((), (replace(decode, position=decode.position + 1, frame_index=2),))).audio \
+        is None
 
 
 @pytest.mark.parametrize("admit_at", [[0, 0, 0], [0, 3, 5]])

@@ -549,8 +549,11 @@ class Engine:
             decodes.append(DecodeInput(item.slot, item.block_ids, item.position, item.frame_index,
                                        self._text_id_for_input(live, item.frame_index - 1)))
         chunks = tuple(self._codec_work(chunk) for chunk in output.codec_chunks if not chunk.is_step_frame)
-        step_frames = tuple(self._step_frame_work(chunk) for chunk in output.codec_chunks if chunk.is_step_frame)
-        return StepWork(StepInput(tuple(prefills), tuple(decodes)),
+        with_older_audio = {chunk.request_id for chunk in chunks}
+        step_frames = tuple(self._step_frame_work(chunk, chunk.request_id not in with_older_audio)
+                            for chunk in output.codec_chunks if chunk.is_step_frame)
+        audio_slots = frozenset(item.slot for item in step_frames if item.is_decoded_in_step)
+        return StepWork(StepInput(tuple(prefills), tuple(decodes), audio_slots),
                         prefill_ids=tuple(item.request_id for item in output.prefills),
                         decode_ids=tuple(item.request_id for item in output.decodes),
                         restarts=tuple(restarts), chunks=chunks, step_frames=step_frames,
@@ -571,10 +574,13 @@ class Engine:
         codes = frames[0][np.newaxis] if len(frames) == 1 else self._stack_frames(frames)
         return CodecWork(chunk.request_id, chunk.slot, chunk.first_frame, codes)
 
-    def _step_frame_work(self, chunk: CodecChunk) -> StepFrameWork:
+    def _step_frame_work(self, chunk: CodecChunk, is_stream_caught_up: bool) -> StepFrameWork:
+        """`is_stream_caught_up`: no older chunk of the stream is decoded this step. Then a chunk of the step's frame
+        alone is decoded on the device right behind it, before the frame reaches the host."""
         live = self._live[chunk.request_id]
         earlier = tuple(live.frames[chunk.first_frame:chunk.first_frame + chunk.num_frames - 1])
-        return StepFrameWork(chunk.request_id, chunk.slot, chunk.first_frame, earlier)
+        return StepFrameWork(chunk.request_id, chunk.slot, chunk.first_frame, earlier,
+                             is_decoded_in_step=is_stream_caught_up and not earlier)
 
     def _apply(self, output: SchedulerOutput, done: StepDone) -> None:
         eos_ids = {request_id for request_id, frame in done.frames.items() if frame[0] == self._eos_code}
@@ -585,7 +591,7 @@ class Engine:
             self._apply_event(event, done, now)
         in_flight = done.audio_in_flight
         queued_ids = set() if in_flight is None else {chunk.request_id for group, _ in in_flight.calls
-                                                       for chunk in group}
+                                                       for chunk in group if chunk is not None}
         for chunk in output.codec_chunks:
             live = self._live.get(chunk.request_id)
             if live is None or not chunk.is_final:

@@ -55,6 +55,9 @@ class StepFrameWork:
     slot: int
     first_frame: int
     earlier_frames: tuple[np.ndarray, ...]  # [G] int64 each: the chunk's frames made in earlier steps, often none
+    # Decoded by the runner on the device right behind the frames (the slot is in `StepInput.audio_slots`), not
+    # after they reach the host: the chunk is that frame alone, and nothing older of the stream is left to decode.
+    is_decoded_in_step: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,22 +87,23 @@ class StepDone:
 def run_step(runner: ModelRunner, work: StepWork, hand_out_previous: Callable[[], None] | None) -> StepDone:
     """The whole step on the runner's thread, nothing in it waiting for the event loop.
 
-    The frames are queued first, beside the previous step's codec calls (the codec has a stream of its own); while
-    they run, `hand_out_previous` waits for the previous step's samples and hands them out. Then, once the
-    frames are back, the step's codec calls (every chunk, the frames just made included) are queued and left
-    running: the loop updates the scheduler and plans the next step while the device decodes.
+    The codec restarts are queued first, then the frames, beside the previous step's codec calls (the codec has a
+    stream of its own), and with them the audio of each stream's newest frame where that frame alone is its
+    chunk. While they run, `hand_out_previous` waits for the previous step's samples and hands them out. Then,
+    once the frames are back, the step's other chunks are queued, and all are left running: the loop updates the
+    scheduler and plans the next step while the device decodes.
     """
     started = time.perf_counter()
     done = StepDone()
+    _restart_audio(runner, work.restarts, done.errors)  # ahead of the audio the frame step itself decodes
     frames = start_frames(runner, work)
-    _restart_audio(runner, work.restarts, done.errors)  # on the codec's stream, while the frames run
     launched = time.perf_counter()
     if hand_out_previous is not None:
         hand_out_previous()
     audio_done = time.perf_counter()
     collect_frames(work, frames, done)
     frames_done = time.perf_counter()
-    done.audio_in_flight = start_step_audio(runner, work, done)
+    done.audio_in_flight = start_step_audio(runner, work, done, frames)
     done.launch_s, done.codec_s, done.frames_s = launched - started, audio_done - launched, frames_done - audio_done
     done.step_audio_s = time.perf_counter() - frames_done
     return done
@@ -109,47 +113,63 @@ def run_step(runner: ModelRunner, work: StepWork, hand_out_previous: Callable[[]
 class AudioInFlight:
     """Codec calls queued on the device, by the chunks each decodes; `collect()` waits for their samples."""
 
-    calls: list[tuple[list[CodecWork], HostCopy]] = field(default_factory=list)
+    # None in a group: a row decoded with the others whose audio nobody gets (its frame was EOS, its request failed).
+    calls: list[tuple[list[CodecWork | None], HostCopy]] = field(default_factory=list)
 
     def collect(self) -> StepDone:
         """The samples by (request id, first frame); a call that failed on the device is charged to its chunks, and
         a chunk whose samples are not all finite to its own request (a listener must never get NaNs)."""
         done = StepDone()
         for group, pending in self.calls:
+            chunks = [chunk for chunk in group if chunk is not None]
             try:
                 samples = pending.result()
             except Exception as error:
-                logger.exception("audio decoding failed for %d requests", len(group))
-                for chunk in group:
+                logger.exception("audio decoding failed for %d requests", len(chunks))
+                for chunk in chunks:
                     done.errors[chunk.request_id] = f"audio decoding failed: {error}"
                 continue
-            is_finite = np.isfinite(samples).all(axis=1)
-            for chunk, row, is_row_finite in zip(group, samples, is_finite, strict=True):
-                if is_row_finite:
+            num_non_finite = 0
+            for chunk, row in zip(group, samples, strict=True):
+                if chunk is None:
+                    continue
+                if np.isfinite(row).all():
                     done.audio[(chunk.request_id, chunk.first_frame)] = row
                 else:
                     done.errors[chunk.request_id] = NON_FINITE_AUDIO
-            if not is_finite.all():
+                    num_non_finite += 1
+            if num_non_finite:
                 logger.error("%s for %d of %d requests; with fp16 convolutions in the codec (the default on CUDA) "
                              "that is an overflow, which --codec-convolution-dtype float32 avoids", NON_FINITE_AUDIO,
-                             int((~is_finite).sum()), len(group))
+                             num_non_finite, len(chunks))
         self.calls.clear()
         return done
 
 
-def start_step_audio(runner: ModelRunner, work: StepWork, done: StepDone) -> AudioInFlight:
-    """Queue the step's codec work: the chunks of earlier frames, then those ending with a frame this step made
-    (skipped when that frame is EOS or its request failed). What fails to queue goes into `done.errors`."""
-    step_chunks = []
-    for item in work.step_frames:
-        frame = done.frames.get(item.request_id)
-        if frame is None or item.request_id in done.errors or frame[0] == work.eos_code:
-            continue
-        codes = np.stack((*item.earlier_frames, frame)) if item.earlier_frames else frame[np.newaxis]
-        step_chunks.append(CodecWork(item.request_id, item.slot, item.first_frame, codes))
+def start_step_audio(runner: ModelRunner, work: StepWork, done: StepDone,
+                     frames: PendingStep | Exception | None) -> AudioInFlight:
+    """The step's codec work: what the frame step already queued, then the chunks of earlier frames and those
+    ending with a frame this step made, queued now (skipped when that frame is EOS or its request failed). What
+    fails to queue goes into `done.errors`."""
     audio = AudioInFlight()
+    if isinstance(frames, PendingStep) and frames.audio is not None:
+        in_step = {item.slot: item for item in work.step_frames if item.is_decoded_in_step}
+        group = [_step_frame_chunk(in_step[slot], done, work.eos_code) for slot in frames.audio_slots]
+        audio.calls.append((group, frames.audio))
+    step_chunks = [chunk for item in work.step_frames if not item.is_decoded_in_step
+                   if (chunk := _step_frame_chunk(item, done, work.eos_code)) is not None]
     _start_chunks(runner, (*work.chunks, *step_chunks), audio, done.errors)
     return audio
+
+
+def _step_frame_chunk(item: StepFrameWork, done: StepDone, eos_code: int) -> CodecWork | None:
+    """The chunk `item` stands for, now that its frame is made; None when it has no audio to give (the frame is
+    EOS, or the request failed)."""
+    frame = done.frames.get(item.request_id)
+    if frame is None or item.request_id in done.errors or frame[0] == eos_code:
+        return None
+    codes = np.stack((*item.earlier_frames, frame)) if item.earlier_frames else frame[np.newaxis]
+    return CodecWork(item.request_id, item.slot, item.first_frame, codes)
 
 
 def start_frames(runner: ModelRunner, work: StepWork) -> PendingStep | Exception | None:

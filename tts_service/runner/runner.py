@@ -1,10 +1,11 @@
 """The model runner: owns the device, the paged talker KV memory, per-slot state and CUDA graphs.
 
 Start-up reads: load weights -> allocate slot state and KV blocks -> capture graphs per batch bucket.
-A step is `execute(StepInput) -> StepOutput`: the talker prefills the new requests (batched), the
-talker decodes one position for every running request, then one frame sampling pass (codebook 0 and
-the code predictor's 15 codebooks) serves both, the prefills' first frames in the rows after the
-decodes', and every produced frame goes to the host in one transfer. Sampling a new request's first
+A step is `execute(StepInput) -> StepOutput`: the talker decodes one position for every running request,
+the talker prefills the new requests (batched), then one frame sampling pass (codebook 0 and the code
+predictor's 15 codebooks) serves both, the prefills' first frames in the rows after the decodes', and every
+produced frame goes to the host in one transfer. The codec, on a CUDA stream of its own, decodes the frames
+of the step's audio slots right behind them, reading them on the device. Sampling a new request's first
 frame with the running ones, instead of in a predictor pass of its own, is what keeps an admission
 from costing the running streams a whole extra predictor pass.
 """
@@ -58,6 +59,9 @@ class DecodeInput:
 class StepInput:
     prefills: tuple[PrefillInput, ...] = ()
     decodes: tuple[DecodeInput, ...] = ()
+    # Slots whose new frame is decoded to audio on the device right behind the frames (a chunk of that frame
+    # alone, the slot's audio stream having nothing older left to decode): no round trip through the host first.
+    audio_slots: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class HostCopy:
 
     def __init__(self, values: torch.Tensor) -> None:
         self._ready: torch.cuda.Event | None = None
+        self._error: Exception | None = None
         if values.device.type != "cuda":
             self._host = values.to("cpu", copy=True)
             return
@@ -85,7 +90,16 @@ class HostCopy:
         self._ready = torch.cuda.Event()
         self._ready.record()
 
+    @classmethod
+    def failed(cls, error: Exception) -> HostCopy:
+        """A copy that never started: its result() raises `error`."""
+        copy = cls(torch.zeros(0))
+        copy._error = error
+        return copy
+
     def result(self) -> np.ndarray:
+        if self._error is not None:
+            raise self._error
         if self._ready is not None:
             self._ready.synchronize()
         # Copied out of the pinned buffer, which streams' unread chunks would otherwise keep pinned.
@@ -93,7 +107,8 @@ class HostCopy:
 
 
 class PendingStep:
-    """A step's frames on their way to the host; `result()` waits for them."""
+    """A step's frames on their way to the host; `result()` waits for them. `audio` is the samples of the frames
+    of `audio_slots` (the step's `StepInput.audio_slots` that made a frame, in row order), still being decoded."""
 
     def __init__(self, frames: torch.Tensor | None, num_decodes: int, failed: dict[int, str],
                  num_groups: int) -> None:
@@ -101,6 +116,8 @@ class PendingStep:
         self._num_decodes = num_decodes
         self._failed = failed
         self._num_groups = num_groups
+        self.audio: HostCopy | None = None
+        self.audio_slots: tuple[int, ...] = ()
 
     def result(self) -> StepOutput:
         if self._frames is None:
@@ -215,6 +232,9 @@ class ModelRunner:
         # the device idle, which the codec's convolutions fill. Nothing on one stream reads what the other writes:
         # the codec's inputs come from the host, and its graphs have their own memory pool.
         self.codec_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # The codec's stream reads a step's frames straight from the frame rows, which the next sampling pass
+        # overwrites: that pass waits for this event, recorded once they are read.
+        self._frames_read: torch.cuda.Event | None = None
         self.uses_graphs = config.use_cuda_graphs and self.device.type == "cuda"
         # Prefill calls run eagerly although graphs are on: a batch or prompt beyond every captured bucket.
         self.num_eager_prefills = 0
@@ -366,6 +386,9 @@ class ModelRunner:
         if prefill_hidden is not None:
             self._load_rows(num_decodes, [(item.slot, self.tts_pad_id, len(item.resumed_frames)) for item in prefills])
             self.rows.hidden[num_decodes:batch].copy_(prefill_hidden)
+        if self._frames_read is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._frames_read)
+            self._frames_read = None
         self._replay_or_run(self.rows.sampling_graphs, self._sampling_step, batch)
         return self.rows.frames[:batch]
 
@@ -482,6 +505,35 @@ class ModelRunner:
         pending = PendingStep(frames, len(step.decodes), failed, self.num_groups)
         if timer is not None:
             timer.mark("copy")
+        row_slots = [d.slot for d in step.decodes] + [item.slot for item in prefills]
+        audio_rows = [row for row, slot in enumerate(row_slots) if slot in step.audio_slots]
+        if audio_rows:
+            pending.audio_slots = tuple(row_slots[row] for row in audio_rows)
+            try:
+                pending.audio = self._start_frame_audio(audio_rows, list(pending.audio_slots))
+            except Exception as error:  # the frames stand; the audio's requests fail when it is collected
+                pending.audio = HostCopy.failed(error)
+        return pending
+
+    def _start_frame_audio(self, rows: list[int], slots: list[int]) -> HostCopy:
+        """Queue the decoding of frame rows `rows` (just queued) as a one-frame chunk of each of `slots`' audio
+        streams, reading them on the device. A row whose frame is the end of speech decodes a clamped code; its
+        audio is the caller's to drop, and its stream ends there."""
+        frames_made = torch.cuda.current_stream(self.device) if self.codec_stream is not None else None
+        with self._on_codec_stream():
+            if self.codec_stream is not None:
+                self.codec_stream.wait_stream(frames_made)
+            if self.timer is not None:
+                self.timer.start()
+            index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            codes = self.rows.frames.index_select(0, index)
+            if self.codec_stream is not None:
+                self._frames_read = torch.cuda.Event()
+                self._frames_read.record()
+            codes.clamp_(0, self.model.codec_decoder.config.codebook_size - 1)
+            pending = HostCopy(self._decode_codes(slots, codes[:, :, None]))
+            if self.timer is not None:
+                self.timer.mark("codec")
         return pending
 
     def _prefill_inputs(self, items: tuple[PrefillInput, ...]
@@ -564,8 +616,11 @@ class ModelRunner:
             bad = np.argwhere((codes < 0) | (codes >= codebook_size))[0]
             raise ValueError(f"code {int(codes[tuple(bad)])} at (row, frame, codebook) {tuple(bad.tolist())} "
                              f"is outside the codec's [0, {codebook_size})")
-        batch, num_frames = len(slots), codes.shape[1]
-        chunk = torch.from_numpy(codes).to(self.device, non_blocking=True).transpose(1, 2)
+        return self._decode_codes(slots, torch.from_numpy(codes).to(self.device, non_blocking=True).transpose(1, 2))
+
+    def _decode_codes(self, slots: list[int], chunk: torch.Tensor) -> torch.Tensor:
+        """Decode `chunk` [n, G, T] (valid codes, on the device) as the next T frames of each slot's audio stream."""
+        batch, num_frames = len(slots), chunk.shape[2]
         graph = self.codec.graphs.get((self.bucket_for(batch), num_frames)) if batch <= self.buckets[-1] else None
         if graph is None:
             index = torch.tensor(slots, dtype=torch.int64, device=self.device)
