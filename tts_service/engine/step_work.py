@@ -76,9 +76,11 @@ class StepDone:
     frames: dict[str, np.ndarray] = field(default_factory=dict)  # request id -> [G] codes
     audio: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)  # (request id, first frame) -> samples
     errors: dict[str, str] = field(default_factory=dict)
-    # The step's codec calls, queued once its frames are back: the next step (or the loop, when idle) collects them.
+    # The step's codec calls, queued by the frame step or once its frames are back: the next step (or the loop,
+    # when idle) collects them.
     audio_in_flight: AudioInFlight | None = None
-    launch_s: float = 0.0  # host seconds queueing the codec restarts and the frames (building the frames' inputs)
+    # Host seconds queueing the codec restarts, the frames (building their inputs) and the audio decoded with them.
+    launch_s: float = 0.0
     codec_s: float = 0.0  # host seconds then waiting for the previous step's samples and handing them over
     frames_s: float = 0.0  # host seconds then waiting for the frames
     step_audio_s: float = 0.0  # host seconds then queueing the step's codec calls

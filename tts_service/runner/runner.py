@@ -228,9 +228,9 @@ class ModelRunner:
         self.pad_embedding = embed_text_ids(self.talker, [self.tts_pad_id])[0]
         self.staging = _IdStaging(self.device)
         # The codec decodes on a stream of its own, so that a step's audio is decoded beside the next step's
-        # frames instead of after them: the frame step is mostly small, latency-bound kernels that leave most of
-        # the device idle, which the codec's convolutions fill. Nothing on one stream reads what the other writes:
-        # the codec's inputs come from the host, and its graphs have their own memory pool.
+        # frames instead of after them: the frame step's small kernels leave SMs idle, which the codec's
+        # convolutions partly fill (about 1 ms a step at 128 streams on an H100). Its graphs have their own
+        # memory pool, and its inputs come from the host, or from the frame rows behind an event each way.
         self.codec_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # The codec's stream reads a step's frames straight from the frame rows, which the next sampling pass
         # overwrites: that pass waits for this event, recorded once they are read.
@@ -479,8 +479,8 @@ class ModelRunner:
     @torch.inference_mode()
     def start_step(self, step: StepInput) -> PendingStep:
         """Queue the step's work on the device and return without waiting for it. The running requests' talker
-        pass goes first: the device runs it while the host lays out the prefills (1.5 ms of host time a step at
-        128 streams on an H100, which the device spent idle when they went first)."""
+        pass goes first: the device runs it while the host lays out the prefills (1.5 to 2.5 ms of host time a step
+        at 128 streams on an H100, which the device spent idle when they went first)."""
         timer = self.timer
         if timer is not None:
             timer.start()
