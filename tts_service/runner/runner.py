@@ -519,22 +519,16 @@ class ModelRunner:
         """Queue the decoding of frame rows `rows` (just queued) as a one-frame chunk of each of `slots`' audio
         streams, reading them on the device. A row whose frame is the end of speech decodes a clamped code; its
         audio is the caller's to drop, and its stream ends there."""
-        frames_made = torch.cuda.current_stream(self.device) if self.codec_stream is not None else None
-        with self._on_codec_stream():
-            if self.codec_stream is not None:
-                self.codec_stream.wait_stream(frames_made)
-            if self.timer is not None:
-                self.timer.start()
+        if self.codec_stream is not None:
+            self.codec_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with self._codec_work():
             index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
             codes = self.rows.frames.index_select(0, index)
             if self.codec_stream is not None:
                 self._frames_read = torch.cuda.Event()
                 self._frames_read.record()
             codes.clamp_(0, self.model.codec_decoder.config.codebook_size - 1)
-            pending = HostCopy(self._decode_codes(slots, codes[:, :, None]))
-            if self.timer is not None:
-                self.timer.mark("codec")
-        return pending
+            return HostCopy(self._decode_codes(slots, codes[:, :, None]))
 
     def _prefill_inputs(self, items: tuple[PrefillInput, ...]
                         ) -> tuple[tuple[PrefillInput, ...], list[torch.Tensor], list[torch.Tensor | None],
@@ -576,6 +570,16 @@ class ModelRunner:
         """Where every piece of the codec's device work is queued, so that it runs in the order queued."""
         return contextlib.nullcontext() if self.codec_stream is None else torch.cuda.stream(self.codec_stream)
 
+    @contextlib.contextmanager
+    def _codec_work(self) -> Iterator[None]:
+        """On the codec's stream, and charged to `codec` by the step profiler when it is on."""
+        with self._on_codec_stream():
+            if self.timer is not None:
+                self.timer.start()
+            yield
+            if self.timer is not None:
+                self.timer.mark("codec")
+
     @torch.inference_mode()
     def reset_audio(self, slots: list[int]) -> None:
         with self._on_codec_stream():
@@ -589,24 +593,15 @@ class ModelRunner:
     def start_audio(self, slots: list[int], codes: np.ndarray) -> HostCopy:
         """Queue the decoding of `codes` as `decode_audio` does, without waiting for it: its result() is the
         float32 samples [n, T * samples_per_frame]. Bad codes raise here."""
-        with self._on_codec_stream():
-            if self.timer is None:
-                return HostCopy(self._decode_audio(slots, codes))
-            self.timer.start()
-            pending = HostCopy(self._decode_audio(slots, codes))
-            self.timer.mark("codec")
-            return pending
+        with self._codec_work():
+            return HostCopy(self._decode_audio(slots, codes))
 
     @torch.inference_mode()
     def prime_audio(self, slots: list[int], codes: np.ndarray) -> None:
         """Advance each slot's audio stream through `codes` whose audio nobody hears (a clone's reference frames,
         a resumed stream's frames already sent), queued on the device without a copy to the host."""
-        with self._on_codec_stream():
-            if self.timer is not None:
-                self.timer.start()
+        with self._codec_work():
             self._decode_audio(slots, codes)
-            if self.timer is not None:
-                self.timer.mark("codec")
 
     def _decode_audio(self, slots: list[int], codes: np.ndarray) -> torch.Tensor:
         # Checked on the host: an out-of-range code would be a device-side assert, which poisons
