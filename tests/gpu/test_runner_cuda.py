@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -45,6 +46,35 @@ def test_audio_left_in_flight_while_the_next_frames_run_equals_the_stream_decode
     runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
     assert (4, 1) in runner.codec.graphs
     assert_audio_in_flight_equals_one_shot(model, runner, atol=1e-4, is_audio_in_step=is_audio_in_step)
+
+
+def _refusing_host_syncs(method: Callable[..., object]) -> Callable[..., object]:
+    def queue_only(*args: object, **kwargs: object) -> object:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return method(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return queue_only
+
+
+@pytest.mark.parametrize("is_audio_in_step", [False, True], ids=["after-the-frames", "in-the-frame-step"])
+def test_queueing_steps_restarts_and_audio_never_waits_for_the_device(
+        monkeypatch: pytest.MonkeyPatch, is_audio_in_step: bool) -> None:
+    """The engine queues a step's restarts and frames while the previous step's codec call runs. A copy that
+    synchronizes a stream there (a blocking upload on the codec's stream, say) holds the host until that call is
+    done, and the frames never run beside the codec. PyTorch's sync debug mode raises on every such call."""
+    model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
+    config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=256,
+                          graph_batch_sizes=(1, 2), codec_chunk_schedule=(1,))
+    runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
+    for name in ("reset_audio", "start_step", "start_audio"):
+        monkeypatch.setattr(runner, name, _refusing_host_syncs(getattr(runner, name)))
+    audio: list[list[np.ndarray]] = [[], [], []]
+    frames = run_staggered(runner, requests_for(model, [9, 14, 11]), [0, 3, 5], model.config.tts_pad_token_id,
+                           audio, is_audio_in_step)
+    assert [len(chunks) for chunks in audio] == [len(stream) for stream in frames]
+    assert runner.num_eager_prefills == 0
 
 
 def test_codec_graphs_run_on_their_own_stream_and_memory_pool_beside_the_frame_graphs() -> None:

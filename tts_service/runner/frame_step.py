@@ -25,6 +25,12 @@ from tts_service.runner.params import GenerationParams
 from tts_service.runner.sampling import RowSampling, sample
 
 
+def queued_upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`values` on `device`, copied in stream order. `torch.tensor(values, device=...)` would first wait for all the
+    work queued on the current stream (its copy is a blocking one), and so hold the host while the device runs."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 class PredictorCache:
     """Static keys/values for the code predictor's sequence of at most G positions per frame."""
 
@@ -138,18 +144,21 @@ class SlotState:
     def scratch_slot(self) -> int:
         return self.seeds.shape[0] - 1
 
-    def assign(self, slot: int, params: GenerationParams) -> None:
-        """Set a slot for a new request (outside any captured region)."""
-        for tensor, value in ((self.seeds, params.seed),
-                              (self.talker_temperature, params.talker.temperature),
-                              (self.talker_top_k, params.talker.top_k), (self.talker_top_p, params.talker.top_p),
-                              (self.predictor_temperature, params.predictor.temperature),
-                              (self.predictor_top_k, params.predictor.top_k),
-                              (self.predictor_top_p, params.predictor.top_p),
-                              (self.repetition_penalty, params.repetition_penalty),
-                              (self.min_frames, params.min_new_frames)):
-            tensor[slot] = value
-        self.seen[slot] = False
+    def assign(self, slots: list[int], params: list[GenerationParams]) -> None:
+        """Set slots for new requests (outside any captured region). Writing a Python number into a device tensor
+        waits for the device, so the values go up in two copies queued in stream order."""
+        device = self.seeds.device
+        rows = queued_upload(slots, torch.int64, device)
+        floats = queued_upload([[p.talker.temperature, p.talker.top_p, p.predictor.temperature, p.predictor.top_p,
+                                 p.repetition_penalty] for p in params], torch.float32, device)
+        ints = queued_upload([[p.seed, p.talker.top_k, p.predictor.top_k, p.min_new_frames] for p in params],
+                             torch.int64, device)
+        for column, tensor in enumerate((self.talker_temperature, self.talker_top_p, self.predictor_temperature,
+                                         self.predictor_top_p, self.repetition_penalty)):
+            tensor.index_copy_(0, rows, floats[:, column])
+        for column, tensor in enumerate((self.seeds, self.talker_top_k, self.predictor_top_k, self.min_frames)):
+            tensor.index_copy_(0, rows, ints[:, column])
+        self.seen.index_fill_(0, rows, False)
 
     def talker_rows(self, slots: torch.Tensor) -> RowSampling:
         return RowSampling(self.talker_temperature[slots], self.talker_top_k[slots], self.talker_top_p[slots])

@@ -28,7 +28,7 @@ from tts_service.model.fused_ops import kernels_available
 from tts_service.model.layers import use_fused_kernels
 from tts_service.model.prompts import Prompt
 from tts_service.runner.config import RunnerConfig
-from tts_service.runner.frame_step import FrameSampler, SlotState, predictor_memory
+from tts_service.runner.frame_step import FrameSampler, SlotState, predictor_memory, queued_upload
 from tts_service.runner.kv_cache import PagedDecodeBackend, PagedKVCache, PagedPrefillBackend, validate_host_metadata
 from tts_service.runner.params import GenerationParams
 from tts_service.runner.timing import PhaseTimer
@@ -465,10 +465,10 @@ class ModelRunner:
         lengths = torch.tensor([e.shape[0] for e in embeds], dtype=torch.int64)
         block_tables = _block_tables([item.block_ids for item in prefills])
         last = self._prefill_hidden(embeds, lengths, block_tables)
+        self.state.assign([item.slot for item in prefills], [item.params for item in prefills])
         for item, code0 in zip(prefills, resumed_code0, strict=True):
-            self.state.assign(item.slot, item.params)
             if code0 is not None:
-                self.state.seen[item.slot, code0] = True
+                self.state.seen[item.slot].index_fill_(0, code0, True)
         return last
 
     # -- step ---------------------------------------------------------------------------------
@@ -522,8 +522,7 @@ class ModelRunner:
         if self.codec_stream is not None:
             self.codec_stream.wait_stream(torch.cuda.current_stream(self.device))
         with self._codec_work():
-            index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-            codes = self.rows.frames.index_select(0, index)
+            codes = self.rows.frames.index_select(0, self._queued_indices(rows))
             if self.codec_stream is not None:
                 self._frames_read = torch.cuda.Event()
                 self._frames_read.record()
@@ -566,6 +565,11 @@ class ModelRunner:
     def _store_codec_rows(self, slots: torch.Tensor, rows: CodecStreamState) -> None:
         self.codec_state.store_rows(slots, rows)
 
+    def _queued_indices(self, values: list[int]) -> torch.Tensor:
+        """On the codec's stream, a blocking upload would wait for the previous step's codec call while the next
+        frames wait to be queued."""
+        return queued_upload(values, torch.int64, self.device)
+
     def _on_codec_stream(self) -> contextlib.AbstractContextManager[object]:
         """Where every piece of the codec's device work is queued, so that it runs in the order queued."""
         return contextlib.nullcontext() if self.codec_stream is None else torch.cuda.stream(self.codec_stream)
@@ -583,7 +587,7 @@ class ModelRunner:
     @torch.inference_mode()
     def reset_audio(self, slots: list[int]) -> None:
         with self._on_codec_stream():
-            self.codec_state.reset_rows(torch.tensor(slots, dtype=torch.int64, device=self.device))
+            self.codec_state.reset_rows(self._queued_indices(slots))
 
     def decode_audio(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
         """Decode the next `codes` [n, T, G] of each slot's audio stream -> float32 samples [n, T * spf]."""
@@ -618,7 +622,7 @@ class ModelRunner:
         batch, num_frames = len(slots), chunk.shape[2]
         graph = self.codec.graphs.get((self.bucket_for(batch), num_frames)) if batch <= self.buckets[-1] else None
         if graph is None:
-            index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            index = self._queued_indices(slots)
             rows = self._codec_rows(index)
             audio = self.model.codec_decoder.decode_chunk(chunk, rows)
             self._store_codec_rows(index, rows)
