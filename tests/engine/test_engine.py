@@ -241,6 +241,40 @@ def test_in_context_clone_streams_the_eager_synthesizers_audio(tiny_models) -> N
     assert np.abs(waveform - expected.waveform).max() <= 1e-4
 
 
+def test_a_clone_whose_reference_frames_fail_to_decode_fails_alone_beside_one_that_needs_none(
+        tiny_models, monkeypatch) -> None:
+    """An in-context clone's stream starts by decoding its reference frames; when that fails, its request ends with
+    the error, and an x-vector clone submitted with it streams on."""
+    model = tiny_models["base"]
+    synthesizer = EagerSynthesizer(model)
+    reference = np.sin(np.linspace(0, 400 * np.pi, 24000 * 2)).astype(np.float32) * 0.3
+    in_context = synthesizer.clone_voice(reference, "A reference sentence.", x_vector_only=False)
+    x_vector = synthesizer.clone_voice(reference, None, x_vector_only=True)
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=5, min_new_frames=5)
+
+    def failing_prime(slots, codes):
+        raise RuntimeError("injected context fault")
+
+    async def scenario():
+        engine = make_engine(model, chunk_schedule=(1,))
+        monkeypatch.setattr(engine.runner, "prime_audio", failing_prime)
+        engine.start()
+        failed = await engine.submit(SynthesisRequest(
+            "in-context", SynthesisInput("Cloned speech.", "english", clone=in_context), params))
+        served = await engine.submit(SynthesisRequest(
+            "x-vector", SynthesisInput("Cloned speech.", "english", clone=x_vector), params))
+        with pytest.raises(RequestFailed, match="audio decoding failed: RuntimeError: injected context fault"):
+            await failed.collect()
+        waveform, summary = await served.collect()
+        await engine.stop()
+        return engine, waveform, summary
+
+    engine, waveform, summary = asyncio.run(scenario())
+    assert summary.finish_reason is FinishReason.LENGTH and summary.num_frames == 5
+    np.testing.assert_allclose(waveform, one_shot_audio(model, summary.codes), atol=1e-4)
+    assert engine.scheduler.num_kv_blocks_used == 0 and engine.scheduler.num_slots_used == 0
+
+
 def test_a_failed_step_fails_its_requests_and_the_engine_keeps_serving(tiny_models, monkeypatch) -> None:
     model = tiny_models["custom_voice"]
     params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=6)

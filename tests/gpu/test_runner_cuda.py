@@ -58,6 +58,11 @@ def _refusing_host_syncs(method: Callable[..., object]) -> Callable[..., object]
     return queue_only
 
 
+def _refuse_host_syncs(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("reset_audio", "prime_audio", "start_step", "start_audio"):
+        monkeypatch.setattr(runner, name, _refusing_host_syncs(getattr(runner, name)))
+
+
 @pytest.mark.parametrize("is_audio_in_step", [False, True], ids=["after-the-frames", "in-the-frame-step"])
 def test_queueing_steps_restarts_and_audio_never_waits_for_the_device(
         monkeypatch: pytest.MonkeyPatch, is_audio_in_step: bool) -> None:
@@ -68,13 +73,31 @@ def test_queueing_steps_restarts_and_audio_never_waits_for_the_device(
     config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=256,
                           graph_batch_sizes=(1, 2), codec_chunk_schedule=(1,))
     runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
-    for name in ("reset_audio", "start_step", "start_audio"):
-        monkeypatch.setattr(runner, name, _refusing_host_syncs(getattr(runner, name)))
+    _refuse_host_syncs(runner, monkeypatch)
     audio: list[list[np.ndarray]] = [[], [], []]
     frames = run_staggered(runner, requests_for(model, [9, 14, 11]), [0, 3, 5], model.config.tts_pad_token_id,
                            audio, is_audio_in_step)
     assert [len(chunks) for chunks in audio] == [len(stream) for stream in frames]
     assert runner.num_eager_prefills == 0
+
+
+def test_eager_prefills_and_an_eagerly_primed_codec_context_never_wait_for_the_device(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paths without graphs: prompts longer than every captured prefill length, and a codec context (a
+    clone's reference frames, a resumed stream's audio) of a length no codec graph was captured for."""
+    model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
+    config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=256,
+                          graph_batch_sizes=(1, 2), codec_chunk_schedule=(1,), prefill_graph_lengths=(8,))
+    runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
+    _refuse_host_syncs(runner, monkeypatch)
+    audio: list[list[np.ndarray]] = [[], [], []]
+    run_staggered(runner, requests_for(model, [4, 5, 3]), [0, 1, 1], model.config.tts_pad_token_id, audio)
+    assert runner.num_eager_prefills == 2
+    context = torch.randint(0, 2048, (1, 3, 16), generator=torch.Generator().manual_seed(2)).numpy()
+    assert not any(num_frames == 3 for _, num_frames in runner.codec.graphs)
+    runner.reset_audio([3])
+    runner.prime_audio([3], context)
+    torch.cuda.synchronize()
 
 
 def test_codec_graphs_run_on_their_own_stream_and_memory_pool_beside_the_frame_graphs() -> None:

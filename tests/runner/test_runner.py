@@ -14,7 +14,15 @@ from tts_service.engine.config import EngineConfig
 from tts_service.model.prompts import SynthesisInput, VoiceClone
 from tts_service.runner.config import RunnerConfig
 from tts_service.runner.params import GenerationParams, SamplingParams
-from tts_service.runner.runner import DecodeInput, HostCopy, ModelRunner, PrefillInput, StepInput, _IdStaging
+from tts_service.runner.runner import (
+    AudioRestart,
+    DecodeInput,
+    HostCopy,
+    ModelRunner,
+    PrefillInput,
+    StepInput,
+    _IdStaging,
+)
 
 BLOCK_SIZE = 4
 
@@ -68,11 +76,12 @@ def run_staggered(runner: ModelRunner, requests: list[GenerationRequest], admit_
                 text = trailing[index - 1] if index - 1 < len(trailing) else pad_id
                 decodes.append(DecodeInput(i, blocks[i], request.prompt.num_positions + index - 1, index, text))
         audio_slots: frozenset[int] = frozenset()
+        restarts: tuple[AudioRestart, ...] = ()
         if audio is not None and is_audio_in_step:
-            if prefills:
-                runner.reset_audio([p.slot for p in prefills])
+            no_context = np.zeros((0, runner.num_groups), dtype=np.int64)
+            restarts = tuple(AudioRestart(p.slot, no_context) for p in prefills)
             audio_slots = frozenset([p.slot for p in prefills] + [d.slot for d in decodes])
-        pending = runner.start_step(StepInput(prefills, tuple(decodes), audio_slots))
+        pending = runner.start_step(StepInput(prefills, tuple(decodes), audio_slots, restarts))
         if audio_in_flight is not None:
             _collect_audio(audio_in_flight, audio)
             audio_in_flight = None
@@ -182,6 +191,28 @@ def test_streamed_audio_through_slots_equals_one_shot_decode(tiny_models) -> Non
     with torch.inference_mode():
         one_shot = model.codec_decoder(codes.transpose(1, 2))[:, 0].numpy()
     assert np.abs(streamed - one_shot).max() <= 1e-4
+
+
+def test_a_restart_whose_context_fails_is_reported_by_slot_and_the_step_serves_the_rest(tiny_models) -> None:
+    """A stream restarts with its context before the step's audio continues it; a context with a code outside the
+    codec fails that stream alone."""
+    model = tiny_models["custom_voice"]
+    requests = requests_for(model, [3, 3, 3])
+    runner = ModelRunner(model, runner_config(model, num_kv_blocks=64, max_positions_per_request=256))
+    reference = ModelRunner(model, runner_config(model, num_kv_blocks=64, max_positions_per_request=256))
+    context = np.random.default_rng(3).integers(0, 2048, (2, runner.num_groups))
+    bad_context = context.copy()
+    bad_context[1, 4] = 5000
+    prefills = tuple(PrefillInput(slot, tuple(range(slot * 16, slot * 16 + 16)), requests[slot].prompt,
+                                  requests[slot].params) for slot in (0, 1))
+    pending = runner.start_step(StepInput(prefills, audio_slots=frozenset({0, 1}),
+                                          restarts=(AudioRestart(0, context), AudioRestart(1, bad_context))))
+    frames = pending.result().prefill_frames
+    assert set(pending.failed_restarts) == {1} and "outside the codec" in pending.failed_restarts[1]
+    assert frames.shape == (2, runner.num_groups) and pending.audio is not None
+    reference.reset_audio([0])
+    reference.prime_audio([0], context[None])
+    np.testing.assert_allclose(pending.audio.result()[0], reference.decode_audio([0], frames[:1, None])[0], atol=1e-5)
 
 
 def test_a_prefill_with_a_bad_voice_fails_alone_and_the_step_serves_the_rest(tiny_models) -> None:

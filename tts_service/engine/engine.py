@@ -33,7 +33,6 @@ from tts_service.engine.config import EngineConfig
 from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.step_work import (
     AudioInFlight,
-    CodecRestart,
     CodecWork,
     StepDone,
     StepFrameWork,
@@ -48,7 +47,7 @@ from tts_service.engine.warm_up import warm_up
 from tts_service.model.checkpoint import LoadedModel, LoadOptions, load_with_offline_fallback
 from tts_service.model.prompts import Prompt, PromptBuilder, PromptError, SynthesisInput, VoiceClone
 from tts_service.model.voice_clone import clone_voice
-from tts_service.runner.runner import DecodeInput, ModelRunner, PrefillInput, StepInput
+from tts_service.runner.runner import AudioRestart, DecodeInput, ModelRunner, PrefillInput, StepInput
 
 logger = logging.getLogger(__name__)
 
@@ -541,8 +540,7 @@ class Engine:
                 speaker_embedding=clone.speaker_embedding if clone is not None else None,  # type: ignore[arg-type]
                 resumed_frames=tuple(tuple(int(c) for c in frame) for frame in frames),
                 resumed_text_ids=tuple(self._text_id_for_input(live, index) for index in range(len(frames)))))
-            restarts.append(CodecRestart(item.request_id, item.slot,
-                                         self._codec_context(live, item.num_codec_frames)))
+            restarts.append(AudioRestart(item.slot, self._codec_context(live, item.num_codec_frames)))
         decodes = []
         for item in output.decodes:
             live = self._live[item.request_id]
@@ -553,10 +551,10 @@ class Engine:
         step_frames = tuple(self._step_frame_work(chunk, chunk.request_id not in with_older_audio)
                             for chunk in output.codec_chunks if chunk.is_step_frame)
         audio_slots = frozenset(item.slot for item in step_frames if item.is_decoded_in_step)
-        return StepWork(StepInput(tuple(prefills), tuple(decodes), audio_slots),
+        return StepWork(StepInput(tuple(prefills), tuple(decodes), audio_slots, tuple(restarts)),
                         prefill_ids=tuple(item.request_id for item in output.prefills),
                         decode_ids=tuple(item.request_id for item in output.decodes),
-                        restarts=tuple(restarts), chunks=chunks, step_frames=step_frames,
+                        chunks=chunks, step_frames=step_frames,
                         eos_code=self._eos_code)
 
     def _codec_context(self, live: _Live, num_codec_frames: int) -> np.ndarray:

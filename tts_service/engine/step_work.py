@@ -35,19 +35,6 @@ class CodecWork:
 
 
 @dataclass(frozen=True)
-class CodecRestart:
-    """A slot's audio stream starts over, first decoding `context` (whose audio nobody hears).
-
-    The context is the reference frames of an in-context voice clone, and after a preemption
-    also the frames whose audio was already sent, so the stream's state is rebuilt (equal up to float rounding).
-    """
-
-    request_id: str
-    slot: int
-    context: np.ndarray  # [T, G] int64
-
-
-@dataclass(frozen=True)
 class StepFrameWork:
     """A chunk that ends with the frame this step makes: decoded once that frame exists, unless it is EOS."""
 
@@ -65,7 +52,6 @@ class StepWork:
     step: StepInput
     prefill_ids: tuple[str, ...]  # request ids of step.prefills, in order
     decode_ids: tuple[str, ...]
-    restarts: tuple[CodecRestart, ...]
     chunks: tuple[CodecWork, ...]  # of frames made in earlier steps; a request's come before its step frame
     step_frames: tuple[StepFrameWork, ...] = ()
     eos_code: int = -1  # codebook 0's end of speech: such a frame has no audio
@@ -79,7 +65,7 @@ class StepDone:
     # The step's codec calls, queued by the frame step or once its frames are back: the next step (or the loop,
     # when idle) collects them.
     audio_in_flight: AudioInFlight | None = None
-    # Host seconds queueing the codec restarts, the frames (building their inputs) and the audio decoded with them.
+    # Host seconds queueing the frames (building their inputs), the codec restarts and the audio decoded with them.
     launch_s: float = 0.0
     codec_s: float = 0.0  # host seconds then waiting for the previous step's samples and handing them over
     frames_s: float = 0.0  # host seconds then waiting for the frames
@@ -89,15 +75,14 @@ class StepDone:
 def run_step(runner: ModelRunner, work: StepWork, hand_out_previous: Callable[[], None] | None) -> StepDone:
     """The whole step on the runner's thread, nothing in it waiting for the event loop.
 
-    The codec restarts are queued first, then the frames, beside the previous step's codec calls (the codec has a
-    stream of its own), and with them the audio of each stream's newest frame where that frame alone is its
+    The frames are queued first, beside the previous step's codec calls (the codec has a stream of its own), then
+    the new streams' codec restarts, and the audio of each stream's newest frame where that frame alone is its
     chunk. While they run, `hand_out_previous` waits for the previous step's samples and hands them out. Then,
     once the frames are back, the step's other chunks are queued, and all are left running: the loop updates the
     scheduler and plans the next step while the device decodes.
     """
     started = time.perf_counter()
     done = StepDone()
-    _restart_audio(runner, work.restarts, done.errors)  # ahead of the audio the frame step itself decodes
     frames = start_frames(runner, work)
     launched = time.perf_counter()
     if hand_out_previous is not None:
@@ -192,10 +177,19 @@ def collect_frames(work: StepWork, frames: PendingStep | Exception | None, done:
         if isinstance(frames, Exception):
             raise frames
         _collect_frames(work, frames.result(), done)
+        _charge_failed_restarts(work, frames.failed_restarts, done)
     except Exception as error:  # a failed batch fails its requests, not the engine
         logger.exception("frame step failed for %d requests", len(work.prefill_ids) + len(work.decode_ids))
         for request_id in (*work.prefill_ids, *work.decode_ids):
             done.errors.setdefault(request_id, f"frame step failed: {error}")
+
+
+def _charge_failed_restarts(work: StepWork, failed: dict[int, str], done: StepDone) -> None:
+    """A stream whose context failed to decode fails its request alone (the step's restarts are its prefills)."""
+    for item, request_id in zip(work.step.prefills, work.prefill_ids, strict=True):
+        if item.slot in failed:
+            logger.error("codec context failed for %s: %s", request_id, failed[item.slot])
+            done.errors[request_id] = f"audio decoding failed: {failed[item.slot]}"
 
 
 def _collect_frames(work: StepWork, output: StepOutput, done: StepDone) -> None:
@@ -208,20 +202,6 @@ def _collect_frames(work: StepWork, output: StepOutput, done: StepDone) -> None:
     for ids, frames in ((prefill_ids, output.prefill_frames), (work.decode_ids, output.decode_frames)):
         for request_id, frame in zip(ids, frames, strict=True):
             done.frames[request_id] = frame
-
-
-def _restart_audio(runner: ModelRunner, restarts: tuple[CodecRestart, ...], errors: dict[str, str]) -> None:
-    if not restarts:
-        return
-    runner.reset_audio([restart.slot for restart in restarts])
-    for restart in restarts:
-        if restart.context.shape[0] == 0:
-            continue
-        try:
-            runner.prime_audio([restart.slot], restart.context[None])
-        except Exception as error:
-            logger.exception("codec context failed for %s", restart.request_id)
-            errors[restart.request_id] = f"audio decoding failed: {error}"
 
 
 def _start_chunks(runner: ModelRunner, chunks: tuple[CodecWork, ...], audio: AudioInFlight,

@@ -56,12 +56,24 @@ class DecodeInput:
 
 
 @dataclass(frozen=True)
+class AudioRestart:
+    """A slot's audio stream starts over, first decoding `context` [T, G] int64, whose audio nobody hears: the
+    reference frames of an in-context voice clone, and after a preemption also the frames whose audio was already
+    sent, so that the stream's state is rebuilt (equal up to float rounding)."""
+
+    slot: int
+    context: np.ndarray
+
+
+@dataclass(frozen=True)
 class StepInput:
     prefills: tuple[PrefillInput, ...] = ()
     decodes: tuple[DecodeInput, ...] = ()
     # Slots whose new frame is decoded to audio on the device right behind the frames (a chunk of that frame
     # alone, the slot's audio stream having nothing older left to decode): no round trip through the host first.
     audio_slots: frozenset[int] = frozenset()
+    # Queued on the codec's stream once the frames are, before any audio of the step.
+    restarts: tuple[AudioRestart, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +130,7 @@ class PendingStep:
         self._num_groups = num_groups
         self.audio: HostCopy | None = None
         self.audio_slots: tuple[int, ...] = ()
+        self.failed_restarts: dict[int, str] = {}  # by slot: the stream's context failed to decode
 
     def result(self) -> StepOutput:
         if self._frames is None:
@@ -505,6 +518,9 @@ class ModelRunner:
         pending = PendingStep(frames, len(step.decodes), failed, self.num_groups)
         if timer is not None:
             timer.mark("copy")
+        # After the frames, so that their host time (an index_fill_ per codec state tensor) is not spent while the
+        # device waits for the talker pass; before the audio, which continues the restarted streams.
+        pending.failed_restarts = self._restart_audio(step.restarts)
         row_slots = [d.slot for d in step.decodes] + [item.slot for item in prefills]
         audio_rows = [row for row, slot in enumerate(row_slots) if slot in step.audio_slots]
         if audio_rows:
@@ -514,6 +530,21 @@ class ModelRunner:
             except Exception as error:  # the frames stand; the audio's requests fail when it is collected
                 pending.audio = HostCopy.failed(error)
         return pending
+
+    def _restart_audio(self, restarts: tuple[AudioRestart, ...]) -> dict[int, str]:
+        """Each restart's stream reset and primed with its context; what failed, by slot."""
+        if not restarts:
+            return {}
+        self.reset_audio([restart.slot for restart in restarts])
+        failed: dict[int, str] = {}
+        for restart in restarts:
+            if restart.context.shape[0] == 0:
+                continue
+            try:
+                self.prime_audio([restart.slot], restart.context[None])
+            except Exception as error:  # that request's audio fails; the step goes on
+                failed[restart.slot] = f"{type(error).__name__}: {error}"
+        return failed
 
     def _start_frame_audio(self, rows: list[int], slots: list[int]) -> HostCopy:
         """Queue the decoding of frame rows `rows` (just queued) as a one-frame chunk of each of `slots`' audio
