@@ -433,7 +433,8 @@ class ModelRunner:
         self.prefill_backend.set_metadata(block_tables, lengths)
         positions = torch.arange(longest, device=self.device).expand(len(embeds), -1)
         hidden = self.talker.hidden(inputs, positions, self.prefill_backend)
-        return hidden[torch.arange(len(embeds), device=self.device), lengths.to(self.device) - 1]
+        last = (lengths - 1).to(self.device, non_blocking=True)
+        return hidden[torch.arange(len(embeds), device=self.device), last]
 
     def _prefill_hidden_graph(self, bucket: tuple[int, int], embeds: list[torch.Tensor], lengths: torch.Tensor,
                               block_tables: torch.Tensor) -> torch.Tensor:
