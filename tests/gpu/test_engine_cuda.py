@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from tests.engine.test_engine import eager_codes, mixed_requests
+from tests.gpu.test_runner_cuda import refuse_host_syncs
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine
-from tts_service.engine.streams import SynthesisRequest
+from tts_service.engine.streams import SynthesisRequest, SynthesisSummary
 from tts_service.model.checkpoint import LoadOptions, load_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -44,3 +45,26 @@ def test_the_engine_on_a_gpu_gives_the_eager_codes_and_their_audio() -> None:
         # Chunked and whole in exact fp32 agree to ~1e-6; a wrong codec state would be off by far more.
         assert waveform.shape == one_shot.shape
         assert np.abs(waveform - one_shot).max() < 1e-4
+
+
+def test_the_engine_queues_every_step_without_waiting_for_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixed requests (greedy and sampled, streamed and whole text) with the default one-frame chunks, as the
+    server runs them: the runner's queueing calls run under torch's sync debug mode set to raise, so a blocking
+    call fails its step's requests with the error."""
+    model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
+    requests = mixed_requests(12)
+    config = EngineConfig(max_running=8, block_size=16, num_kv_blocks=256, max_positions_per_request=512,
+                          graph_batch_sizes=(1, 2, 4))
+
+    async def run() -> list[SynthesisSummary]:
+        engine = Engine.create(model, config)
+        refuse_host_syncs(engine.runner, monkeypatch)
+        engine.start()
+        streams = [await engine.submit(SynthesisRequest(f"r{index}", synthesis, params))
+                   for index, (synthesis, params) in enumerate(requests)]
+        results = await asyncio.wait_for(asyncio.gather(*(stream.collect() for stream in streams)), 120)
+        await engine.stop()
+        return [summary for _, summary in results]
+
+    summaries = asyncio.run(run())
+    assert all(summary.error is None and summary.num_frames > 0 for summary in summaries)

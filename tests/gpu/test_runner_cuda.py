@@ -58,7 +58,7 @@ def _refusing_host_syncs(method: Callable[..., object]) -> Callable[..., object]
     return queue_only
 
 
-def _refuse_host_syncs(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+def refuse_host_syncs(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("reset_audio", "prime_audio", "start_step", "start_audio"):
         monkeypatch.setattr(runner, name, _refusing_host_syncs(getattr(runner, name)))
 
@@ -73,7 +73,7 @@ def test_queueing_steps_restarts_and_audio_never_waits_for_the_device(
     config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=256,
                           graph_batch_sizes=(1, 2), codec_chunk_schedule=(1,))
     runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
-    _refuse_host_syncs(runner, monkeypatch)
+    refuse_host_syncs(runner, monkeypatch)
     audio: list[list[np.ndarray]] = [[], [], []]
     frames = run_staggered(runner, requests_for(model, [9, 14, 11]), [0, 3, 5], model.config.tts_pad_token_id,
                            audio, is_audio_in_step)
@@ -89,7 +89,7 @@ def test_eager_prefills_and_an_eagerly_primed_codec_context_never_wait_for_the_d
     config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=256,
                           graph_batch_sizes=(1, 2), codec_chunk_schedule=(1,), prefill_graph_lengths=(8,))
     runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
-    _refuse_host_syncs(runner, monkeypatch)
+    refuse_host_syncs(runner, monkeypatch)
     audio: list[list[np.ndarray]] = [[], [], []]
     run_staggered(runner, requests_for(model, [4, 5, 3]), [0, 1, 1], model.config.tts_pad_token_id, audio)
     assert runner.num_eager_prefills == 2
