@@ -213,12 +213,15 @@ def test_qk_kernel_serves_slices_of_a_packed_projection(length: int) -> None:
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("is_in_place", [False, True], ids=["rings-copied", "rings-in-place"])
 @pytest.mark.parametrize(("num_kv_heads", "length", "positions"),
                          [(16, 1, (0, 5, 71, 72, 500)), (16, 4, (0, 70, 1000)), (8, 3, (2, 143)), (16, 64, (0, 9))])
 def test_window_attention_kernel_equals_the_eager_codec_attention(num_kv_heads: int, length: int,
-                                                                  positions: tuple[int, ...]) -> None:
+                                                                  positions: tuple[int, ...],
+                                                                  is_in_place: bool) -> None:
     """The codec's real shapes (16 heads of 64, a 72-frame window), rows before, at and past the ring's first wrap,
-    and query heads sharing key heads: the outputs agree to fp32 summation order and the rings bit for bit."""
+    and query heads sharing key heads: the outputs agree to fp32 summation order and the rings bit for bit. In
+    place, the rings are every stream's, the rows' own in another order, and the others must not move."""
     released = SpeechTokenizerConfig.parse({"decoder_config": speech_tokenizer_config_dict("1.7b")["decoder_config"]})
     config = dataclasses.replace(released.decoder, num_key_value_heads=num_kv_heads)
     attention = _Attention(config).to(DEVICE)
@@ -230,14 +233,26 @@ def test_window_attention_kernel_equals_the_eager_codec_attention(num_kv_heads: 
                                                                                      seed=2)
     position = torch.tensor(positions, device=DEVICE)
     inverse_frequencies = rope_inverse_frequencies(config.head_dim, config.rope_theta).to(DEVICE)
+    # Every stream's rings: two more streams than rows, the rows' rings at reversed, spread-out places.
+    ring_rows = torch.arange(batch, device=DEVICE).flip(0) * 2 + 1
+    all_keys, all_values = (activations(2 * batch + 2, *ring_shape[1:], dtype=torch.float32, seed=seed)
+                            for seed in (3, 4))
+    all_keys[ring_rows], all_values[ring_rows] = keys, values
     results = []
     for is_fused in (False, True):
         attention.is_fused = is_fused
-        frames = _WindowFrames(position, length, config.sliding_window)
+        rows = ring_rows if is_fused and is_in_place else None
+        frames = _WindowFrames(position, length, config.sliding_window, rows)
         cos, sin = rope_cos_sin(inverse_frequencies, frames.query_positions, torch.float32)
-        rings = keys.clone(), values.clone()
+        rings = (all_keys.clone(), all_values.clone()) if rows is not None else (keys.clone(), values.clone())
         with torch.inference_mode():
-            results.append((attention(x, cos, sin, frames, *rings), *rings))
+            out = attention(x, cos, sin, frames, *rings)
+        if rows is not None:
+            others = torch.ones(len(all_keys), dtype=torch.bool, device=DEVICE)
+            others[rows] = False
+            assert torch.equal(rings[0][others], all_keys[others]) and torch.equal(rings[1][others], all_values[others])
+            rings = rings[0][rows], rings[1][rows]
+        results.append((out, *rings))
     (eager, eager_keys, eager_values), (fused, fused_keys, fused_values) = results
     qkv = torch.nn.functional.linear(x, attention.qkv_weight)
     assert fused_ops.window_attention_applies(qkv, cos, sin, keys, values)

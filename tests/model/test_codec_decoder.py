@@ -245,10 +245,13 @@ def test_packed_projections_decode_like_separate_ones(small_config: CodecDecoder
         assert max_diff(packed(codes), small_decoder(codes)) <= 1e-6
 
 
+@pytest.mark.parametrize("share_rings", [False, True], ids=["copied", "rings-in-place"])
 def test_selected_rows_decode_and_store_back_like_the_whole_state(small_config: CodecDecoderConfig,
-                                                                  small_decoder: CodecDecoder) -> None:
-    """The runner decodes a call's rows from a copy of their state and writes it back: those rows must advance as
-    if the whole state had decoded them, and the others must not move."""
+                                                                  small_decoder: CodecDecoder,
+                                                                  share_rings: bool) -> None:
+    """The runner decodes a call's rows from a copy of their state (the attention's rings copied too, or read and
+    written in place) and writes it back: those rows must advance as if the whole state had decoded them, and the
+    others must not move."""
     whole = small_decoder.new_stream_state(3)
     small_decoder.decode_chunk(random_codes(small_config, 3, 2, seed=8), whole)
     partial = CodecStreamState(position=whole.position.clone(), keys=whole.keys.clone(), values=whole.values.clone(),
@@ -258,7 +261,8 @@ def test_selected_rows_decode_and_store_back_like_the_whole_state(small_config: 
     second = random_codes(small_config, 3, 2, seed=9)
     expected = small_decoder.decode_chunk(second, whole)
     rows = torch.tensor([2, 0])
-    selected = partial.select_rows(rows)
+    selected = partial.select_rows(rows, share_rings=share_rings)
+    assert (selected.keys is partial.keys) == share_rings
     assert max_diff(small_decoder.decode_chunk(second[rows], selected), expected[rows]) <= TOLERANCE
     partial.store_rows(rows, selected)
     for stored, reference, before, dim in zip(partial.tensors(), whole.tensors(), untouched,

@@ -47,6 +47,9 @@ class CodecStreamState:
     keys: torch.Tensor  # [layers, B, kv_heads, window, head_dim]
     values: torch.Tensor  # [layers, B, kv_heads, window, head_dim]
     conv: ConvStates  # per stateful convolution: [B, history, channels], time-major as the activations
+    # A view of some streams (`select_rows(..., share_rings=True)`): keys/values are then every stream's rings, and
+    # the view's row b has ring `ring_rows[b]`, which the attention reads and writes in place.
+    ring_rows: torch.Tensor | None = None
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.position, self.keys, self.values, *self.conv]
@@ -59,15 +62,21 @@ class CodecStreamState:
         for tensor, dim in zip(self.tensors(), self._row_dims(), strict=True):
             tensor.index_fill_(dim, rows, 0)
 
-    def select_rows(self, rows: torch.Tensor) -> CodecStreamState:
-        """A copy of the given rows' state, in their order."""
+    def select_rows(self, rows: torch.Tensor, share_rings: bool = False) -> CodecStreamState:
+        """A copy of the given rows' state, in their order. With `share_rings` the attention's rings stay where
+        they are (the view reads and writes them in place): they are most of a stream's state (4.7 of 5.0 MB at
+        the released decoder's size), and copying them out and back took a tenth of a codec call's time."""
+        if share_rings:
+            return CodecStreamState(position=self.position[rows], keys=self.keys, values=self.values,
+                                    conv=tuple(t[rows] for t in self.conv), ring_rows=rows)
         return CodecStreamState(position=self.position[rows], keys=self.keys[:, rows], values=self.values[:, rows],
                                 conv=tuple(t[rows] for t in self.conv))
 
     def store_rows(self, rows: torch.Tensor, state: CodecStreamState) -> None:
         """Write `state` (as `select_rows(rows)` returned it, advanced) back into the given rows."""
         for target, source, dim in zip(self.tensors(), state.tensors(), self._row_dims(), strict=True):
-            target.index_copy_(dim, rows, source)
+            if source is not target:  # shared rings were written in place
+                target.index_copy_(dim, rows, source)
 
 
 class _Convolution(nn.Module):
@@ -418,8 +427,9 @@ class _Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, frames: _WindowFrames,
                 held_keys: torch.Tensor, held_values: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden]; held_* [B, KV, window, D] are the rings of the previous `window` frames; the chunk's
-        last min(T, window) frames go into them once every query has attended."""
+        """x [B, T, hidden]; held_* [B, KV, window, D] are the rings of the previous `window` frames (every stream's,
+        [S, KV, window, D], with `frames.ring_rows`); the chunk's last min(T, window) frames go into them once every
+        query has attended."""
         batch, length, _ = x.shape
         if self.qkv_weight is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -427,9 +437,14 @@ class _Attention(nn.Module):
             qkv = F.linear(x, self.qkv_weight)
             if self.is_fused and fused_ops.window_attention_applies(qkv, cos, sin, held_keys, held_values):
                 return self.o_proj(fused_ops.window_attention(qkv, self.num_heads, cos, sin, frames.position,
-                                                              held_keys, held_values, self.head_dim ** -0.5))
+                                                              held_keys, held_values, self.head_dim ** -0.5,
+                                                              frames.ring_rows))
             kv_width = self.num_kv_heads * self.head_dim
             q, k, v = qkv.split((self.num_heads * self.head_dim, kv_width, kv_width), -1)
+        rings = None
+        if frames.ring_rows is not None:  # this call's rings out of every stream's, and back after
+            rings = held_keys, held_values
+            held_keys, held_values = held_keys[frames.ring_rows], held_values[frames.ring_rows]
         q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -441,6 +456,9 @@ class _Attention(nn.Module):
         index = frames.write_slots[:, None, :, None].expand(-1, self.num_kv_heads, -1, self.head_dim)
         held_keys.scatter_(2, index, k[:, :, length - kept:])
         held_values.scatter_(2, index, v[:, :, length - kept:])
+        if rings is not None:
+            rings[0].index_copy_(0, frames.ring_rows, held_keys)
+            rings[1].index_copy_(0, frames.ring_rows, held_values)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
 
@@ -449,10 +467,12 @@ class _WindowFrames:
     ring slots are made on first use, so a call whose layers all take the kernel (which works them out from
     `position`) launches none of their kernels."""
 
-    def __init__(self, position: torch.Tensor, length: int, window: int) -> None:
+    def __init__(self, position: torch.Tensor, length: int, window: int,
+                 ring_rows: torch.Tensor | None = None) -> None:
         self.position = position  # [B]: each row's first frame
         self.length = length
         self.window = window
+        self.ring_rows = ring_rows  # as in CodecStreamState
 
     @functools.cached_property
     def query_positions(self) -> torch.Tensor:  # [B, T]
@@ -536,10 +556,11 @@ class PreTransformer(nn.Module):
     def rope_frequencies(self) -> torch.Tensor:
         return rope_inverse_frequencies(self.head_dim, self.theta)
 
-    def forward(self, x: torch.Tensor, position: torch.Tensor, keys: torch.Tensor,
-                values: torch.Tensor) -> torch.Tensor:
-        """x [B, T, latent] for frames starting at each row's `position` [B]; keys/values as in the state."""
-        frames = _WindowFrames(position, x.shape[1], self.window)
+    def forward(self, x: torch.Tensor, position: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                ring_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, latent] for frames starting at each row's `position` [B]; keys/values (and ring_rows) as in the
+        state."""
+        frames = _WindowFrames(position, x.shape[1], self.window, ring_rows)
         # RoPE angles in fp32 as the reference does, then cast to the compute dtype.
         cos, sin = rope_cos_sin(self.inv_freq, frames.query_positions, x.dtype)
         h = self.input_proj(x)
@@ -626,7 +647,7 @@ class CodecDecoder(nn.Module):
         # Time-major from the codebook lookup to the waveform: [B, T, channels] throughout.
         convs = state.conv
         latent = self.pre_conv(self.quantizer(codes), convs)
-        h = self.pre_transformer(latent, state.position, state.keys, state.values)
+        h = self.pre_transformer(latent, state.position, state.keys, state.values, state.ring_rows)
         state.position.add_(codes.shape[2])
         for stage in self.upsample:
             for layer in stage:

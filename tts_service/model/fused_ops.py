@@ -213,21 +213,26 @@ def window_attention_applies(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 def window_attention(qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor, position: torch.Tensor,
-                     held_keys: torch.Tensor, held_values: torch.Tensor, scale: float) -> torch.Tensor:
+                     held_keys: torch.Tensor, held_values: torch.Tensor, scale: float,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
     """The codec's sliding-window attention for a chunk, in one launch per layer: RoPE on the chunk's queries and
     keys, softmax attention over the held ring and the chunk's own frames, and the chunk's last frames written
     into the ring once every query has attended. qkv [B, T, (H + 2 KV) * D] is the packed projection; cos/sin
     [B, T, D]; position [B] is each row's first frame; held_keys/values [B, KV, W, D], ring slot s holding the
-    latest earlier frame congruent to s modulo W. Returns [B, T, H * D], the layout the output projection reads.
-    RoPE rounds as `apply_rope` does, so the ring holds the eager path's keys bit for bit; the attention sums in
-    another order than the eager matmuls (fp32, ~1e-7 apart). Only where `window_attention_applies`."""
+    latest earlier frame congruent to s modulo W. With `rows` [B] int64, held_keys/values are [S, KV, W, D], every
+    stream's ring, and row b reads and writes ring `rows[b]` in place (no copy of the rings in or out; distinct
+    rows but for a scratch ring whose contents nobody reads). Returns [B, T, H * D], the layout the output
+    projection reads. RoPE rounds as `apply_rope` does, so the ring holds the eager path's keys bit for bit; the
+    attention sums in another order than the eager matmuls (fp32, ~1e-7 apart). Only where
+    `window_attention_applies`."""
     batch, length, width = qkv.shape
     _, num_kv_heads, window, head_dim = held_keys.shape
     out = torch.empty(batch, length, num_heads * head_dim, dtype=qkv.dtype, device=qkv.device)
     _window_attention_kernel[(batch, num_kv_heads)](
-        qkv, cos, sin, position, held_keys, held_values, out, length, window, width, num_heads // num_kv_heads,
-        num_heads * head_dim, scale, HEAD_DIM=head_dim, BLOCK_SLOTS=_WINDOW_SLOTS_BLOCK,
-        BLOCK_OWN=max(16, triton.next_power_of_2(length)), num_warps=4, enable_fp_fusion=False)
+        qkv, cos, sin, position, position if rows is None else rows, held_keys, held_values, out, length, window,
+        width, num_heads // num_kv_heads, num_heads * head_dim, scale, HEAD_DIM=head_dim,
+        BLOCK_SLOTS=_WINDOW_SLOTS_BLOCK, BLOCK_OWN=max(16, triton.next_power_of_2(length)),
+        HAS_ROWS=rows is not None, num_warps=4, enable_fp_fusion=False)
     return out
 
 
@@ -391,9 +396,9 @@ if HAS_TRITON:
         tl.store(out_ptr + offsets, (x + (y + bias).to(dtype).to(tl.float32)).to(dtype), mask=mask)
 
     @triton.jit
-    def _window_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, position_ptr, keys_ptr, values_ptr, out_ptr, length,
-                                 window, width, group_size, out_width, scale, HEAD_DIM: tl.constexpr,
-                                 BLOCK_SLOTS: tl.constexpr, BLOCK_OWN: tl.constexpr):
+    def _window_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, position_ptr, rows_ptr, keys_ptr, values_ptr, out_ptr,
+                                 length, window, width, group_size, out_width, scale, HEAD_DIM: tl.constexpr,
+                                 BLOCK_SLOTS: tl.constexpr, BLOCK_OWN: tl.constexpr, HAS_ROWS: tl.constexpr):
         # One program per (row, key head) serves every query head of the group, so no program writes a ring
         # another still has to read.
         row = tl.program_id(0).to(tl.int64)
@@ -405,7 +410,10 @@ if HAS_TRITON:
         rotated_dims = (dims + HEAD_DIM // 2) % HEAD_DIM
         sign = tl.where(dims < HEAD_DIM // 2, -1.0, 1.0)
         start = tl.load(position_ptr + row)
-        ring = (row * num_kv_heads + kv_head) * window * HEAD_DIM
+        ring_row = row
+        if HAS_ROWS:
+            ring_row = tl.load(rows_ptr + row).to(tl.int64)
+        ring = (ring_row * num_kv_heads + kv_head) * window * HEAD_DIM
         ring_keys = keys_ptr + ring
         ring_values = values_ptr + ring
 

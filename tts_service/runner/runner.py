@@ -592,7 +592,7 @@ class ModelRunner:
     # -- audio --------------------------------------------------------------------------------
 
     def _codec_rows(self, slots: torch.Tensor) -> CodecStreamState:
-        return self.codec_state.select_rows(slots)
+        return self.codec_state.select_rows(slots, share_rings=True)
 
     def _store_codec_rows(self, slots: torch.Tensor, rows: CodecStreamState) -> None:
         self.codec_state.store_rows(slots, rows)
