@@ -47,8 +47,7 @@ def kv_bytes(runner: ModelRunner, batch: int, context: int) -> int:
 
 def time_steps(runner: ModelRunner, batch: int, context: int, iterations: int) -> list[float]:
     blocks_per_row = -(-(context + iterations + 8) // runner.config.block_size)
-    for slot in range(batch):
-        runner.state.assign(slot, GenerationParams(seed=slot))
+    runner.state.assign(list(range(batch)), [GenerationParams(seed=slot) for slot in range(batch)])
     runner.state.last_frame.random_(0, 2048)
     decodes = [DecodeInput(slot, tuple(range(slot * blocks_per_row, (slot + 1) * blocks_per_row)), context, 5, 0)
                for slot in range(batch)]

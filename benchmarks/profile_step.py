@@ -42,8 +42,7 @@ def kernel_summary(prof: profile, max_kernels: int) -> dict:
 
 def profile_decode(runner: ModelRunner, batch: int, context: int) -> dict:
     blocks_per_row = -(-(context + 8) // runner.config.block_size)
-    for slot in range(batch):
-        runner.state.assign(slot, GenerationParams(seed=slot))
+    runner.state.assign(list(range(batch)), [GenerationParams(seed=slot) for slot in range(batch)])
     decodes = tuple(DecodeInput(slot, tuple(range(slot * blocks_per_row, (slot + 1) * blocks_per_row)), context,
                                 5, 0) for slot in range(batch))
     runner._decode(decodes)

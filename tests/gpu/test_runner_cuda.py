@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.frame_step import time_steps
 from tests.runner.test_runner import BLOCK_SIZE, assert_audio_in_flight_equals_one_shot, requests_for, run_staggered
 from tts_service.eager.generate import generate_codes
 from tts_service.engine.config import EngineConfig
@@ -159,3 +160,13 @@ def test_a_burst_of_prefills_beyond_the_largest_prefill_graph_replays_graphs_in_
     assert runner.num_eager_prefills == 0
     for got, want in zip(frames, expected, strict=True):
         assert torch.equal(torch.from_numpy(np.stack(got)), want.codes)
+
+
+def test_the_frame_step_benchmark_times_captured_steps_of_every_row() -> None:
+    model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.bfloat16))
+    config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=64,
+                          graph_batch_sizes=(1, 2))
+    runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
+    times = time_steps(runner, batch=3, context=8, iterations=2)
+    assert len(times) == 2 and all(seconds > 0 for seconds in times)
+    assert torch.equal(runner.state.seeds[:3].cpu(), torch.arange(3))
