@@ -401,14 +401,15 @@ class Scheduler:
             request = ready.popleft()
             num_new_blocks = self._blocks.blocks_needed(request.num_positions_for_next_decode,
                                                         len(request.block_ids))
-            while not self._blocks.can_allocate(num_new_blocks) and (parked or ready):
-                # Lists are in admission order, so pop() takes the newest.
-                victim = parked.pop() if parked else ready.pop()
-                preempted.append(self._preempt(victim))
-            if not self._blocks.can_allocate(num_new_blocks):
-                preempted.append(self._preempt(request))
-                continue
-            request.block_ids.extend(self._blocks.allocate(num_new_blocks))
+            if num_new_blocks:  # most decodes stay within their last block
+                while not self._blocks.can_allocate(num_new_blocks) and (parked or ready):
+                    # Lists are in admission order, so pop() takes the newest.
+                    victim = parked.pop() if parked else ready.pop()
+                    preempted.append(self._preempt(victim))
+                if not self._blocks.can_allocate(num_new_blocks):
+                    preempted.append(self._preempt(request))
+                    continue
+                request.block_ids.extend(self._blocks.allocate(num_new_blocks))
             request.status = RequestStatus.RUNNING
             decodes.append(DecodeItem(request.request_id, _slot_of(request), tuple(request.block_ids),
                                       position=request.num_positions_for_next_decode - 1,
@@ -504,6 +505,8 @@ class Scheduler:
             if request.is_finished and (request.finish_reason is FinishReason.ERROR
                                         or request.is_final_chunk_scheduled):
                 continue
+            if not request.is_finished and request.num_frames_pending_codec == 0:
+                continue  # nothing to cut (with one-frame chunks, every running stream every step)
             sizes = plan_chunk_sizes(self.config.codec_chunk_schedule, request.num_codec_chunks,
                                      request.num_frames_pending_codec, is_end_of_stream=request.is_finished)
             for index, num_frames in enumerate(sizes):
