@@ -102,19 +102,16 @@ async def profiled_window(engine: Engine, concurrency: int, num_requests: int, f
     """Run the level; profile the device for `window_s` once `delay_s` has passed. Returns the steps that ran
     in the window and the level's audio seconds per second."""
     engine.start()
-    steps: list[float] = []
+    steps: list[StepObservation] = []  # those that ran in the window
     try:
         await run_level(engine, 4, bench_workload(8), frame_s)  # warm-up
         started = time.perf_counter()
         level = asyncio.create_task(run_level(engine, concurrency, bench_workload(num_requests), frame_s))
         await asyncio.sleep(delay_s)
-        def count(step: StepObservation) -> None:
-            steps.append(step.step_s)
-
-        engine.add_step_observer(count)
+        engine.add_step_observer(steps.append)
         with profile(activities=[ProfilerActivity.CUDA]) as profiled:
             await asyncio.sleep(window_s)
-        engine.remove_step_observer(count)
+        engine.remove_step_observer(steps.append)
         timings = await level
         profiled.export_chrome_trace(str(trace_path))
         audio_s = sum(timing.audio_s for timing in timings)
