@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tts_service.model import fused_ops
-from tts_service.model.codec_decoder import _Attention, _WindowFrames
+from tts_service.model.codec_decoder import CodecDecoder, _Attention, _WindowFrames
 from tts_service.model.configs import SpeechTokenizerConfig
 from tts_service.model.layers import rope_cos_sin, rope_inverse_frequencies
 from tts_service.model.random_checkpoint import speech_tokenizer_config_dict
@@ -108,11 +108,77 @@ def test_snake_with_an_input_bias_equals_the_eager_add_then_snake(dtype: torch.d
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("num_codebooks", "length"), [(15, 1), (15, 7), (1, 3)])
+def test_codebook_sum_adds_the_lookups_in_the_eager_order_bit_for_bit(dtype: torch.dtype, num_codebooks: int,
+                                                                      length: int) -> None:
+    tables = activations(num_codebooks, 2048, 256, dtype=dtype)
+    generator = torch.Generator(device=DEVICE).manual_seed(3)
+    # A slice of a wider code tensor, as the split quantizer hands each half its codebooks.
+    codes = torch.randint(0, 2048, (5, num_codebooks + 1, length), generator=generator, device=DEVICE)[:, 1:]
+    assert torch.equal(fused_ops.codebook_sum(codes, tables), fused_ops.codebook_sum_eager(codes, tables))
+
+
+@pytest.mark.parametrize(("length", "channels", "taps", "dilation"), [(1920, 96, 7, 1), (1, 96, 7, 1),
+                                                                     (37, 200, 3, 2)])
+def test_one_channel_convolution_is_the_exact_convolution_to_fp32_rounding(length: int, channels: int, taps: int,
+                                                                           dilation: int) -> None:
+    x = activations(3, length + (taps - 1) * dilation, channels, dtype=torch.float32)
+    weight = activations(1, channels, taps, dtype=torch.float32, seed=1) / 30
+    bias = activations(1, dtype=torch.float32, seed=2)
+    assert fused_ops.one_channel_convolution_applies(x, weight, bias)
+    exact = torch.nn.functional.conv1d(x.double().transpose(1, 2), weight.double(), bias.double(),
+                                       dilation=dilation).transpose(1, 2)
+    fused = fused_ops.one_channel_convolution(x, weight, bias, dilation)
+    assert fused.shape == exact.shape and fused.dtype == torch.float32
+    # The rounding bound of the kernel's sum: 7 tap additions per lane, a tree of 8 levels over the lanes, the bias.
+    terms = torch.nn.functional.conv1d(x.double().abs().transpose(1, 2), weight.double().abs(),
+                                       dilation=dilation).transpose(1, 2)
+    assert ((fused.double() - exact).abs() <= 16 * torch.finfo(torch.float32).eps * (terms + bias.abs())).all()
+
+
+def test_one_channel_convolution_leaves_other_convolutions_to_cudnn() -> None:
+    x = activations(2, 10, 96, dtype=torch.float32)
+    bias = activations(1, dtype=torch.float32)
+    assert not fused_ops.one_channel_convolution_applies(x, activations(2, 96, 7, dtype=torch.float32), bias)
+    assert not fused_ops.one_channel_convolution_applies(x.half(), activations(1, 96, 7, dtype=torch.half),
+                                                         bias.half())
+    assert not fused_ops.one_channel_convolution_applies(x, activations(1, 96, 7, dtype=torch.float32), None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("length", "channels"), [(1, 768), (1920, 96), (3, 7)])
 def test_add_biased_equals_the_two_eager_adds(dtype: torch.dtype, length: int, channels: int) -> None:
     x, y = activations(3, length, channels, dtype=dtype), activations(3, length, channels, dtype=dtype, seed=4)
     bias = activations(channels, dtype=dtype, seed=6)
     assert torch.equal(fused_ops.add_biased(x, y, bias), x + (y + bias))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("length", "channels"), [(1, 768), (1920, 96), (3, 7)])
+def test_add_biased_adds_the_bias_x_was_made_without_as_an_eager_add_would(dtype: torch.dtype, length: int,
+                                                                           channels: int) -> None:
+    x, y = activations(3, length, channels, dtype=dtype), activations(3, length, channels, dtype=dtype, seed=4)
+    bias, x_bias = activations(channels, dtype=dtype, seed=6), activations(channels, dtype=dtype, seed=7)
+    assert torch.equal(fused_ops.add_biased(x, y, bias, x_bias), (x + x_bias) + (y + bias))
+
+
+@pytest.mark.parametrize(("history_size", "length", "channels", "dtype"),
+                         [(6, 32, 768, torch.float32), (54, 1920, 96, torch.float32), (6, 640, 192, torch.float16)])
+def test_snake_after_history_with_an_input_bias_equals_the_eager_add_then_snake(history_size: int, length: int,
+                                                                                channels: int,
+                                                                                dtype: torch.dtype) -> None:
+    """fp32 activations and parameters, the history in `dtype`: fp16 for a half-precision convolution after it."""
+    log_alpha = 0.3 * activations(channels, dtype=torch.float32, seed=1)
+    log_beta = 0.3 * activations(channels, dtype=torch.float32, seed=2)
+    tables = fused_ops.snake_beta_tables(log_alpha, log_beta)
+    history = activations(3, history_size, channels, dtype=dtype, seed=3)
+    x = activations(3, length, channels, dtype=torch.float32, seed=4)
+    bias = activations(channels, dtype=torch.float32, seed=5)
+    activated = fused_ops.snake_beta_eager(x + bias, log_alpha, log_beta).to(dtype)
+    expected = torch.cat((history, activated), dim=1)
+    extended = fused_ops.snake_beta_after_history(x, log_alpha, log_beta, tables, history, bias)
+    assert torch.equal(extended, expected)
+    assert torch.equal(history, expected[:, -history_size:])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -258,3 +324,32 @@ def test_window_attention_kernel_equals_the_eager_codec_attention(num_kv_heads: 
     assert fused_ops.window_attention_applies(qkv, cos, sin, keys, values)
     torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
     assert torch.equal(fused_keys, eager_keys) and torch.equal(fused_values, eager_values)
+
+
+def test_the_fused_codec_decoder_streams_what_the_eager_one_does() -> None:
+    """The released decoder's shape, random weights, fp32, streamed a frame a call as the engine serves it. With
+    cuDNN's TF32 off on both sides, the kernels' only departures from the eager chain are fp32 summation orders
+    (the window attention's, the last convolution's), so the waveforms agree to a few fp32 ulps of the signal."""
+    config = SpeechTokenizerConfig.parse({"decoder_config": speech_tokenizer_config_dict("1.7b")["decoder_config"]})
+    decoder = CodecDecoder(config.decoder).eval()
+    decoder.randomize_(torch.Generator().manual_seed(0))
+    decoder.to(DEVICE)
+    generator = torch.Generator(device=DEVICE).manual_seed(1)
+    codes = torch.randint(0, config.decoder.codebook_size, (3, config.decoder.num_quantizers, 6), generator=generator,
+                          device=DEVICE)
+    waves = []
+    allows_tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        for is_fused in (False, True):
+            assert decoder.use_fused_kernels(is_fused) > 0
+            state = decoder.new_stream_state(3)
+            waves.append(torch.cat([decoder.decode_chunk(codes[:, :, frame:frame + 1], state)
+                                    for frame in range(codes.shape[2])], dim=-1))
+    finally:
+        torch.backends.cudnn.allow_tf32 = allows_tf32
+        decoder.use_fused_kernels(False)
+    eager, fused = waves
+    scale = eager.abs().max().item()
+    assert scale > 1e-3
+    assert (fused - eager).abs().max().item() <= 1e-4 * scale

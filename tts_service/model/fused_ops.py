@@ -35,6 +35,11 @@ _FLAT_BLOCK = 2048
 _MAX_WINDOW_CHUNK = 64
 # Ring slots the window-attention kernel reads at a time.
 _WINDOW_SLOTS_BLOCK = 32
+# Output samples one program of the one-output-channel convolution covers, and the most input channels it takes.
+_ONE_CHANNEL_STEPS_BLOCK = 32
+_ONE_CHANNEL_MAX_CHANNELS = 256
+# Dimensions one program of the codebook sum covers.
+_CODEBOOK_DIMS_BLOCK = 256
 
 
 # The eager reference chains (also the path wherever the kernels do not apply).
@@ -188,17 +193,22 @@ def snake_beta(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
     return out
 
 
-def add_biased(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def add_biased(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor, x_bias: torch.Tensor | None = None
+               ) -> torch.Tensor:
     """x + (y + bias) for time-major x, y [..., C] and bias [C], in one pass: a convolution's bias added where its
     output joins the residual stream, rounded as the two separate adds round it. y may be stored in another
-    dtype than x and the bias (a half-precision convolution's output); it is upcast, as the eager adds upcast it."""
+    dtype than x and the bias (a half-precision convolution's output); it is upcast, as the eager adds upcast it.
+    With `x_bias` [C], x is the output of a convolution that left its bias to this pass: (x + x_bias) + (y + bias),
+    each sum rounded as a separate add rounds it."""
     if not (_is_kernel_tensor(x) and _is_kernel_tensor(y) and x.is_contiguous() and y.is_contiguous()
-            and x.shape == y.shape and x.dtype == bias.dtype and bias.is_contiguous()):
-        return x + (y + bias)
+            and x.shape == y.shape and x.dtype == bias.dtype and bias.is_contiguous()
+            and (x_bias is None or (x_bias.dtype == x.dtype and x_bias.is_contiguous()))):
+        return (x if x_bias is None else x + x_bias) + (y + bias)
     out = torch.empty_like(x)
     num_elements = x.numel()
-    _add_biased_kernel[(triton.cdiv(num_elements, _FLAT_BLOCK),)](x, y, bias, out, num_elements, bias.shape[0],
-                                                                   BLOCK=_FLAT_BLOCK, num_warps=8)
+    _add_biased_kernel[(triton.cdiv(num_elements, _FLAT_BLOCK),)](
+        x, y, bias, bias if x_bias is None else x_bias, out, num_elements, bias.shape[0], HAS_X_BIAS=x_bias is not None,
+        BLOCK=_FLAT_BLOCK, num_warps=8)
     return out
 
 
@@ -236,21 +246,75 @@ def window_attention(qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: 
     return out
 
 
+def codebook_sum_eager(codes: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """codes [B, Q, T] -> sum over q of tables[q][codes[:, q]] [B, T, dim], added one codebook after another."""
+    total = F.embedding(codes[:, 0], tables[0])
+    for index in range(1, codes.shape[1]):
+        total = total + F.embedding(codes[:, index], tables[index])
+    return total
+
+
+def codebook_sum(codes: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """`codebook_sum_eager` in one launch instead of a lookup and an add per codebook (29 launches for the 15
+    acoustic codebooks). The vectors are added in the same order, each sum rounded to the tables' dtype as the
+    eager adds round it, so the result is the eager chain's bit for bit. Codes must be valid (the caller checks
+    them on the host)."""
+    if not (_is_kernel_tensor(tables) and tables.is_contiguous() and codes.is_cuda and codes.dim() == 3):
+        return codebook_sum_eager(codes, tables)
+    batch, num_codebooks, length = codes.shape
+    _, size, dim = tables.shape
+    out = torch.empty(batch, length, dim, dtype=tables.dtype, device=tables.device)
+    grid = (batch * length, triton.cdiv(dim, _CODEBOOK_DIMS_BLOCK))
+    _codebook_sum_kernel[grid](codes, tables, out, length, num_codebooks, size, dim, codes.stride(0),
+                               codes.stride(1), codes.stride(2), BLOCK=_CODEBOOK_DIMS_BLOCK, num_warps=2)
+    return out
+
+
+def one_channel_convolution_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether `one_channel_convolution`'s kernel takes these: fp32 on CUDA, contiguous, one output channel and
+    at most _ONE_CHANNEL_MAX_CHANNELS input channels (the codec's last layer: 96 channels to the waveform)."""
+    return (_is_kernel_tensor(x) and x.dtype == torch.float32 and x.dim() == 3 and x.is_contiguous()
+            and weight.dtype == torch.float32 and weight.dim() == 3 and weight.shape[0] == 1
+            and weight.shape[1] == x.shape[2] <= _ONE_CHANNEL_MAX_CHANNELS and weight.is_contiguous()
+            and bias is not None and bias.dtype == torch.float32 and bias.numel() == 1)
+
+
+def one_channel_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int = 1
+                            ) -> torch.Tensor:
+    """A valid 1-D convolution of time-major x [B, L, C] with weight [1, C, K] -> [B, L - (K - 1) * dilation, 1],
+    in plain fp32 arithmetic. cuDNN has no good kernel for one output channel: it re-lays the input out and runs
+    a slow engine (0.22 ms of a 5.3 ms codec call at 128 rows on an H100, for a layer that reads 95 MB), and in
+    TF32, so this sums closer to the exact convolution than it did. Only where
+    `one_channel_convolution_applies`."""
+    batch, extended, channels = x.shape
+    taps = weight.shape[2]
+    length = extended - (taps - 1) * dilation
+    out = torch.empty(batch, length, 1, dtype=x.dtype, device=x.device)
+    grid = (batch, triton.cdiv(length, _ONE_CHANNEL_STEPS_BLOCK))
+    _one_channel_convolution_kernel[grid](x, weight, bias, out, length, extended, channels, taps, dilation,
+                                          BLOCK_STEPS=_ONE_CHANNEL_STEPS_BLOCK,
+                                          BLOCK_CHANNELS=triton.next_power_of_2(channels), num_warps=4)
+    return out
+
+
 def snake_beta_after_history(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor,
-                             tables: tuple[torch.Tensor, torch.Tensor], history: torch.Tensor) -> torch.Tensor:
-    """[history | snake(x)] along time (dimension 1), as a causal convolution reads its input, with `history`
-    [B, H, C] advanced in place to the last H steps of that. The activation writes straight after the history
-    instead of into a tensor of its own that a concatenation then copies: at the codec's 24 kHz stages those are
-    its largest tensors. The values are snake_beta's in the history's dtype, bit for bit."""
+                             tables: tuple[torch.Tensor, torch.Tensor], history: torch.Tensor,
+                             input_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """[history | snake(x + input_bias)] along time (dimension 1; snake(x) without a bias), as a causal convolution
+    reads its input, with `history` [B, H, C] advanced in place to the last H steps of that. The activation writes
+    straight after the history instead of into a tensor of its own that a concatenation then copies: at the
+    codec's 24 kHz stages those are its largest tensors. The values are snake_beta's in the history's dtype, bit
+    for bit."""
     length = x.shape[1]
     if not (_is_snake_kernel_tensor(x, log_alpha, log_beta) and _is_kernel_tensor(history)
-            and history.is_contiguous()):
-        extended = torch.cat((history, snake_beta(x, log_alpha, log_beta, tables, dtype=history.dtype)), dim=1)
+            and history.is_contiguous() and (input_bias is None or input_bias.dtype == log_alpha.dtype)):
+        activated = snake_beta(x, log_alpha, log_beta, tables, input_bias, dtype=history.dtype)
+        extended = torch.cat((history, activated), dim=1)
         history.copy_(extended[:, length:])
         return extended
     batch, size, channels = history.shape
     extended = torch.empty(batch, size + length, channels, dtype=history.dtype, device=x.device)
-    _launch_snake_beta(x, tables, extended, history)
+    _launch_snake_beta(x, tables, extended, history, input_bias)
     history.copy_(extended[:, length:])
     return extended
 
@@ -386,14 +450,55 @@ if HAS_TRITON:
         tl.store(out_ptr + row * row_size + offsets, tl.where(is_held, held.to(out_dtype), activated), mask=in_row)
 
     @triton.jit
-    def _add_biased_kernel(x_ptr, y_ptr, bias_ptr, out_ptr, num_elements, channels, BLOCK: tl.constexpr):
+    def _add_biased_kernel(x_ptr, y_ptr, bias_ptr, x_bias_ptr, out_ptr, num_elements, channels,
+                           HAS_X_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < num_elements
         dtype = out_ptr.dtype.element_ty
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if HAS_X_BIAS:
+            x_bias = tl.load(x_bias_ptr + offsets % channels, mask=mask, other=0.0).to(tl.float32)
+            x = (x + x_bias).to(dtype).to(tl.float32)
         y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         bias = tl.load(bias_ptr + offsets % channels, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + offsets, (x + (y + bias).to(dtype).to(tl.float32)).to(dtype), mask=mask)
+
+    @triton.jit
+    def _codebook_sum_kernel(codes_ptr, tables_ptr, out_ptr, length, num_codebooks, size, dim, codes_batch_stride,
+                             codes_book_stride, codes_step_stride, BLOCK: tl.constexpr):
+        token = tl.program_id(0).to(tl.int64)
+        dims = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        is_dim = dims < dim
+        codes_at = codes_ptr + (token // length) * codes_batch_stride + (token % length) * codes_step_stride
+        dtype = tables_ptr.dtype.element_ty
+        code = tl.load(codes_at).to(tl.int64)
+        total = tl.load(tables_ptr + code * dim + dims, mask=is_dim, other=0.0).to(tl.float32)
+        for book in range(1, num_codebooks):
+            code = tl.load(codes_at + book * codes_book_stride).to(tl.int64)
+            vector = tl.load(tables_ptr + (book * size + code) * dim + dims, mask=is_dim, other=0.0).to(tl.float32)
+            total = (total + vector).to(dtype).to(tl.float32)
+        tl.store(out_ptr + token * dim + dims, total.to(dtype), mask=is_dim)
+
+    @triton.jit
+    def _one_channel_convolution_kernel(x_ptr, weight_ptr, bias_ptr, out_ptr, length, extended, channels, taps,
+                                        dilation, BLOCK_STEPS: tl.constexpr, BLOCK_CHANNELS: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        steps = tl.program_id(1) * BLOCK_STEPS + tl.arange(0, BLOCK_STEPS)
+        is_step = steps < length
+        lanes = tl.arange(0, BLOCK_CHANNELS)
+        is_lane = lanes < channels
+        mask = is_step[:, None] & is_lane[None, :]
+        rows_at = x_ptr + row * extended * channels
+        # Each channel's taps first, then the channels: a tap's inputs overlap the last tap's, so they come from
+        # the cache rather than memory.
+        products = tl.zeros((BLOCK_STEPS, BLOCK_CHANNELS), dtype=tl.float32)
+        for tap in range(0, taps):
+            weights = tl.load(weight_ptr + lanes * taps + tap, mask=is_lane, other=0.0)
+            inputs = tl.load(rows_at + (steps + tap * dilation)[:, None] * channels + lanes[None, :], mask=mask,
+                             other=0.0)
+            products += inputs * weights[None, :]
+        total = tl.sum(products, axis=1) + tl.load(bias_ptr)
+        tl.store(out_ptr + row * length + steps, total, mask=is_step)
 
     @triton.jit
     def _window_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, position_ptr, rows_ptr, keys_ptr, values_ptr, out_ptr,
