@@ -176,7 +176,8 @@ def step_summary(before: EngineStats, after: EngineStats) -> dict[str, Any]:
             "decode_batch_mean": (after.num_decoded_frames - before.num_decoded_frames) / num_steps,
             "codec_frames_per_step": (after.num_codec_frames - before.num_codec_frames) / num_steps,
             "prefills_per_step": (after.num_prefills - before.num_prefills) / num_steps,
-            "num_eager_prefills": after.num_eager_prefills - before.num_eager_prefills}
+            "num_eager_prefills": after.num_eager_prefills - before.num_eager_prefills,
+            "num_steps_ahead": after.num_steps_ahead - before.num_steps_ahead}
 
 
 async def run_benchmark(engine: Engine, levels: list[int], frame_s: float,
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="what a float32 codec's convolutions read and write (the engine's option of that name)")
     parser.add_argument("--workload", choices=("bench", "loadgen"), default="bench",
                         help="bench: the 8 fixed texts; loadgen: the load generator's closed-loop requests")
+    parser.add_argument("--schedule-ahead", choices=("on", "off"), default="on",
+                        help="schedule each step while the one before runs (the engine's schedule_ahead)")
     parser.add_argument("--requests-per-level", type=int, help="default: 2C (at least 8) at concurrency C")
     parser.add_argument("--seed", type=int, default=1, help="the load generator's seed (--workload loadgen)")
     args = parser.parse_args(argv)
@@ -236,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine.create(model, EngineConfig(max_running=max(levels), max_waiting=4 * max(levels),
                                                max_positions_per_request=1024, profile_steps=args.profile_steps,
                                                codec_dtype=args.codec_dtype,
-                                               codec_convolution_dtype=args.codec_convolution_dtype, **schedule))
+                                               codec_convolution_dtype=args.codec_convolution_dtype,
+                                               schedule_ahead=args.schedule_ahead == "on", **schedule))
     startup_s = time.perf_counter() - started
     frame_s = 1.0 / model.speech_config.frame_rate_hz
     workload = bench_workload if args.workload == "bench" else functools.partial(loadgen_workload, seed=args.seed)
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
               "model": args.model, "dtype": str(engine.runner.dtype), "startup_s": startup_s,
               "non_streaming_text": args.non_streaming_text, "codec_dtype": args.codec_dtype,
               "codec_convolution_dtype": args.codec_convolution_dtype,
-              "codec_half_convolutions": options.codec_half_convolutions,
+              "codec_half_convolutions": options.codec_half_convolutions, "schedule_ahead": args.schedule_ahead,
               "command": " ".join(["python -m benchmarks.engine", *(argv or sys.argv[1:])]),
               "workload": args.workload, "seed": args.seed if args.workload == "loadgen" else None,
               "texts": list(BENCH_TEXTS) if args.workload == "bench" else None, "levels": summaries,

@@ -45,10 +45,14 @@ class Request:
     finish_reason: FinishReason | None = field(default=None, init=False)
     error: str | None = field(default=None, init=False)
     num_frames: int = field(default=0, init=False)
+    # Frames scheduled and not yet answered by update(): 1 while a step scheduled ahead runs before the step
+    # before it has been answered (Scheduler.schedule_ahead), 0 otherwise between steps.
+    num_frames_in_flight: int = field(default=0, init=False)
     num_codec_frames: int = field(default=0, init=False)  # frames handed to the codec in chunks
     num_codec_chunks: int = field(default=0, init=False)
     num_audio_frames: int = field(default=0, init=False)  # frames whose audio the runner has delivered
     is_final_chunk_scheduled: bool = field(default=False, init=False)
+    is_final_chunk_answered: bool = field(default=False, init=False)  # the step holding it has been updated
     block_ids: list[int] = field(default_factory=list, init=False)
     slot: int | None = field(default=None, init=False)
     admitted_time: float | None = field(default=None, init=False)  # first admission
@@ -69,9 +73,15 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     @property
+    def next_frame_index(self) -> int:
+        """The frame the request's next prefill or decode makes, counting the one in flight."""
+        return self.num_frames + self.num_frames_in_flight
+
+    @property
     def has_text_for_next_frame(self) -> bool:
         # Frame 0 comes from the prefill, which needs only the prompt; frame f needs text token f-1.
-        return self.num_frames == 0 or self.is_text_closed or self.num_text_tokens >= self.num_frames
+        index = self.next_frame_index
+        return index == 0 or self.is_text_closed or self.num_text_tokens >= index
 
     @property
     def is_ready_to_decode(self) -> bool:
@@ -85,8 +95,8 @@ class Request:
 
     @property
     def num_positions_for_next_decode(self) -> int:
-        """KV positions that must exist once frame `num_frames` has written its input."""
-        return self.num_prompt_positions + self.num_frames
+        """KV positions that must exist once frame `next_frame_index` has written its input."""
+        return self.num_prompt_positions + self.next_frame_index
 
     @property
     def max_kv_positions(self) -> int:
@@ -95,7 +105,8 @@ class Request:
 
     @property
     def num_frames_pending_codec(self) -> int:
-        return self.num_frames - self.num_codec_frames
+        """Frames made (or in flight, whose chunk was planned with them) not yet handed to the codec."""
+        return self.next_frame_index - self.num_codec_frames
 
     @property
     def queue_time_s(self) -> float | None:

@@ -152,7 +152,11 @@ class Scheduler:
         self._admitted: list[Request] = []  # RUNNING or PARKED, by admission order
         self._finished: list[Request] = []  # FINISHED, still holding a slot
         self._abort_reasons: dict[str, FinishReason] = {}
-        self._in_flight: SchedulerOutput | None = None
+        # Steps scheduled and not yet answered by update(), oldest first: one, or two with a step scheduled ahead.
+        self._in_flight: deque[SchedulerOutput] = deque()
+        # A step scheduled ahead found capacity held by stalled requests, which only a step scheduled in order
+        # may preempt: the next schedule_ahead() declines, so that the engine schedules in order.
+        self._needs_step_in_order = False
         self._num_admissions = 0
         self.num_preemptions_total = 0
 
@@ -268,17 +272,40 @@ class Scheduler:
     # The engine step.
 
     def schedule(self, now: float) -> SchedulerOutput:
-        if self._in_flight is not None:
+        if self._in_flight:
             raise RuntimeError("schedule() called again before update() answered the previous step")
+        self._needs_step_in_order = False
+        return self._schedule(now, is_ahead=False)
+
+    def schedule_ahead(self, now: float) -> SchedulerOutput | None:
+        """The next step while the last one still runs (update() not yet called for it), as if every frame in
+        flight were made: the engine queues it on the device before the last step's frames are back, so that
+        the device never waits for the host between steps. update() then answers the steps in order; a frame
+        made after its request ended (its frame in flight was EOS) is dropped there, with its codec chunk.
+
+        Such a step never preempts: its victims' frames could be in flight. None (nothing changed, schedule
+        in order once the last step is answered) when a decode would need a preemption for its KV block, when
+        stalled requests hold capacity that waiting ones need, or when chunks are longer than one frame (a
+        longer chunk could need a frame still in flight)."""
+        if len(self._in_flight) != 1:
+            raise RuntimeError("schedule_ahead() needs exactly one step in flight")
+        if (self.config.codec_chunk_schedule != (1,) or self._needs_step_in_order
+                or not self._has_blocks_for_decodes()):
+            return None
+        return self._schedule(now, is_ahead=True)
+
+    def _schedule(self, now: float, is_ahead: bool) -> SchedulerOutput:
         self._expire_deadlines(now)
         freed = self._release_aborted()
         freed += self._release_finished()
         decodes, preempted = self._schedule_decodes()
+        assert not (is_ahead and preempted), "a step scheduled ahead found KV blocks it had checked for missing"
         freed += preempted
         is_at_risk = self._is_playback_at_risk(now)
         prefills: list[PrefillItem] = []
         if not preempted:
-            prefills, preempted = self._admit(now, num_decodes=len(decodes), is_at_risk=is_at_risk)
+            prefills, preempted = self._admit(now, num_decodes=len(decodes), is_at_risk=is_at_risk,
+                                              may_preempt=not is_ahead)
             freed += preempted
         codec_chunks = self._plan_codec_chunks()
         codec_chunks += self._plan_step_frame_chunks((*decodes, *prefills))
@@ -293,24 +320,48 @@ class Scheduler:
             num_parked=self.num_parked,
         )
         if not output.is_empty:
-            self._in_flight = output
+            for item in (*output.prefills, *output.decodes):
+                self._requests[item.request_id].num_frames_in_flight += 1
+            self._in_flight.append(output)
         return output
 
+    def _has_blocks_for_decodes(self) -> bool:
+        """Whether the free KV blocks cover every block the next decodes could need, so that none preempts."""
+        num_needed = num_decodes = 0
+        for request in self._admitted:
+            if num_decodes == self.config.max_running:
+                break
+            if self._is_decodable(request):
+                num_decodes += 1
+                num_needed += self._blocks.blocks_needed(request.num_positions_for_next_decode,
+                                                         len(request.block_ids))
+        return self._blocks.can_allocate(num_needed)
+
     def update(self, result: StepResult, now: float) -> list[RequestEvent]:
-        output = self._in_flight
-        if output is None:
+        """Answer the oldest step in flight."""
+        if not self._in_flight:
             raise RuntimeError("update() called without a scheduled, non-empty step")
+        output = self._in_flight[0]
         result.check_answers(output)
-        self._in_flight = None
+        self._in_flight.popleft()
         events: list[RequestEvent] = []
         failed_ids: set[str] = set()
         step_frame_ids = {chunk.request_id: chunk.num_frames for chunk in output.codec_chunks if chunk.is_step_frame}
+        scheduled_ids = output.scheduled_request_ids
         chunks_taken_back: set[str] = set()
         for outcome in result.outcomes:
             request = self._requests.get(outcome.request_id)
             # An abort that arrived mid-step wins: the request is released at the next schedule().
             if request is None or outcome.request_id in self._abort_reasons:
                 continue
+            if outcome.request_id in scheduled_ids:
+                if request.is_finished:
+                    # Scheduled ahead while its frame before was in flight, and that frame ended it: this frame
+                    # follows the end of its stream. Its chunk was taken back when the request ended.
+                    chunks_taken_back.add(request.request_id)
+                    continue
+                request.num_frames_in_flight -= 1
+            was_finished = request.is_finished
             num_frames_before = request.num_frames
             if outcome.error is not None:
                 self._fail(request, outcome.error)
@@ -328,10 +379,14 @@ class Scheduler:
                 request.num_codec_frames -= step_frame_ids[request.request_id]
                 request.num_codec_chunks -= 1
                 chunks_taken_back.add(request.request_id)
+            if request.is_finished and not was_finished:
+                self._take_back_steps_ahead(request)
             events.append(RequestEvent(request.request_id, request.num_frames, is_new_frame=is_new_frame,
                                        finish_reason=request.finish_reason, error=request.error))
         for chunk in output.codec_chunks:
             request = self._requests.get(chunk.request_id)
+            if request is not None and chunk.is_final:
+                request.is_final_chunk_answered = True
             if (request is None or chunk.request_id in failed_ids or chunk.request_id in self._abort_reasons
                     or chunk.request_id in chunks_taken_back):
                 continue
@@ -339,6 +394,16 @@ class Scheduler:
             if request.first_audio_time is None and chunk.num_frames > 0:
                 request.first_audio_time = now
         return events
+
+    def _take_back_steps_ahead(self, request: Request) -> None:
+        """A request that just ended has no more frames: the steps scheduled ahead for it make none, and their
+        chunks for it decode nothing it will hear."""
+        for output in self._in_flight:
+            for chunk in output.codec_chunks:
+                if chunk.request_id == request.request_id and chunk.is_step_frame:
+                    request.num_codec_frames -= chunk.num_frames
+                    request.num_codec_chunks -= 1
+        request.num_frames_in_flight = 0
 
     # Step 1: releases.
 
@@ -355,9 +420,9 @@ class Scheduler:
 
     def _release_finished(self) -> list[FreedItem]:
         # A STOPPED/LENGTH request keeps its slot (the codec state lives there) until its final
-        # chunk has run, which is the step after it was scheduled, i.e. before this schedule().
+        # chunk has run: the step that held it has been answered.
         done = [request for request in self._finished
-                if request.finish_reason is FinishReason.ERROR or request.is_final_chunk_scheduled]
+                if request.finish_reason is FinishReason.ERROR or request.is_final_chunk_answered]
         return [self._release(request, request.finish_reason) for request in done]
 
     def _release(self, request: Request, reason: FinishReason | None) -> FreedItem:
@@ -390,7 +455,7 @@ class Scheduler:
         ready: deque[Request] = deque()
         parked: list[Request] = []
         for request in self._admitted:
-            if request.is_ready_to_decode and len(ready) < self.config.max_running:
+            if self._is_decodable(request) and len(ready) < self.config.max_running:
                 ready.append(request)
             else:
                 request.status = RequestStatus.PARKED
@@ -413,8 +478,13 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             decodes.append(DecodeItem(request.request_id, _slot_of(request), tuple(request.block_ids),
                                       position=request.num_positions_for_next_decode - 1,
-                                      frame_index=request.num_frames))
+                                      frame_index=request.next_frame_index))
         return decodes, preempted
+
+    @staticmethod
+    def _is_decodable(request: Request) -> bool:
+        """Ready, and not at its last frame already (one in flight may be it)."""
+        return request.is_ready_to_decode and request.next_frame_index < request.max_frames
 
     def _preempt(self, request: Request) -> FreedItem:
         slot = request.slot
@@ -428,8 +498,10 @@ class Scheduler:
 
     # Steps 3 and 4: admission under the prefill budget and deadline protection.
 
-    def _admit(self, now: float, num_decodes: int, is_at_risk: bool) -> tuple[list[PrefillItem], list[FreedItem]]:
-        """This step's admissions, and the stalled requests preempted to make room for them."""
+    def _admit(self, now: float, num_decodes: int, is_at_risk: bool,
+               may_preempt: bool = True) -> tuple[list[PrefillItem], list[FreedItem]]:
+        """This step's admissions, and the stalled requests preempted to make room for them (none unless
+        `may_preempt`: then the next step is to be scheduled in order, where it may)."""
         max_positions = self.config.max_prefill_positions_per_step
         if is_at_risk:
             max_positions = min(max_positions, self.config.max_prefill_positions_at_risk)
@@ -446,8 +518,11 @@ class Scheduler:
                 break
             # One position past the prefill, so the first decode after it needs no new block.
             num_blocks = self._blocks.blocks_needed(min(num_positions + 1, request.max_kv_positions), 0)
-            preempted += self._make_room(num_blocks)
+            if may_preempt:
+                preempted += self._make_room(num_blocks)
             if not (self._slots.can_allocate() and self._blocks.can_allocate(num_blocks)):
+                self._needs_step_in_order = not may_preempt and any(
+                    not item.is_ready_to_decode for item in self._admitted)
                 break
             prefills.append(self._admit_one(request, num_blocks, now))
             num_positions_this_step += num_positions

@@ -91,6 +91,51 @@ def test_concurrent_requests_equal_eager_generation_and_stream_equal_offline_aud
     assert 0 < stats.execute_s <= stats.loop_s
 
 
+def end_every_stream_at(runner, frame_index: int, eos_code: int) -> None:
+    """The runner reports EOS for every frame `frame_index` a decode makes (the device made another frame)."""
+    start_step = runner.start_step
+
+    def step_with_ends(step: StepInput):
+        pending = start_step(step)
+        ending_rows = [row for row, item in enumerate(step.decodes) if item.frame_index == frame_index]
+        result = pending.result
+
+        def result_with_ends():
+            output = result()
+            output.decode_frames[ending_rows, 0] = eos_code
+            return output
+
+        pending.result = result_with_ends
+        return pending
+
+    runner.start_step = step_with_ends
+
+
+def test_steps_scheduled_ahead_drop_the_frames_made_after_a_stream_ended_and_change_nothing_else(
+        tiny_models) -> None:
+    """Every stream ends by EOS at its frame 4, when the step after it has already been scheduled ahead and its
+    frames made: those frames and their audio are dropped, and each stream's codes and audio are those of an
+    engine that schedules every step in order."""
+    model = tiny_models["custom_voice"]
+    requests = [SynthesisRequest(f"r{i}", s, p) for i, (s, p) in enumerate(mixed_requests(8))]
+    results = {}
+    for schedule_ahead in (False, True):
+        engine = make_engine(model, max_running=3, chunk_schedule=(1,))
+        engine.schedules_ahead = schedule_ahead
+        end_every_stream_at(engine.runner, 4, model.config.talker.codec_eos_id)
+        results[schedule_ahead] = asyncio.run(run_all(engine, requests))
+        assert (engine.stats.num_steps_ahead > 0) == schedule_ahead
+        assert engine.scheduler.num_kv_blocks_used == 0 and engine.scheduler.num_slots_used == 0
+    samples_per_frame = model.speech_config.samples_per_frame
+    for (in_order_audio, in_order), (ahead_audio, ahead) in zip(results[False], results[True], strict=True):
+        assert (ahead.finish_reason, ahead.num_frames) == (in_order.finish_reason, in_order.num_frames)
+        assert np.array_equal(ahead.codes, in_order.codes)
+        assert ahead_audio.shape == (ahead.num_frames * samples_per_frame,)
+        np.testing.assert_allclose(ahead_audio, in_order_audio, atol=1e-5)
+    assert sum(summary.finish_reason is FinishReason.STOPPED and summary.num_frames == 4
+               for _, summary in results[True]) >= 4
+
+
 @pytest.mark.parametrize("chunk_schedule", [(1,), (1, 2, 4)])
 def test_preempted_requests_resume_with_identical_codes_and_audio(tiny_models,
                                                                   chunk_schedule: tuple[int, ...]) -> None:

@@ -240,7 +240,9 @@ def test_one_upload_carries_a_steps_ids_and_grows_past_its_buffer() -> None:
     arrays = [np.arange(3), np.zeros(0, dtype=np.int64), np.arange(10, 16)]
     uploaded = staging.upload(arrays)
     assert [tensor.tolist() for tensor in uploaded] == [[0, 1, 2], [], [10, 11, 12, 13, 14, 15]]
-    assert len(staging.buffer) >= 9
-    # The device copies are the step's own: staging the next step leaves them as they were.
+    assert len(staging.buffers[0]) >= 9
+    # The device copies are the step's own: staging the next steps (in either buffer) leaves them as they were.
     staging.upload([np.full(9, 7)])
-    assert uploaded[2].tolist() == [10, 11, 12, 13, 14, 15]
+    after = staging.upload([np.full(20, 8)])
+    assert uploaded[2].tolist() == [10, 11, 12, 13, 14, 15] and after[0].tolist() == [8] * 20
+    assert len(staging.buffers[0]) >= 20 and len(staging.buffers[1]) >= 9

@@ -52,6 +52,11 @@ class EngineConfig:
     # step at load (one call per distinct length) and ask for steps of half a frame's duration while a
     # stream starts (BENCHMARKS.md, "one codec call per step").
     codec_chunk_schedule: tuple[int, ...] = (1,)
+    # Schedule each step while the one before still runs, and queue its frames behind that step's on the device,
+    # so that the device goes from one step's frames to the next without waiting for the host's update, schedule
+    # and plan (Scheduler.schedule_ahead; with one-frame chunks only). Off: every step is scheduled once the one
+    # before has been answered.
+    schedule_ahead: bool = True
     max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
     # -- graphs and kernels --
     # The codec decoder's dtype: "float32", or "bfloat16", which is faster under load and whose waveform moves

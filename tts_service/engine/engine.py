@@ -37,7 +37,10 @@ from tts_service.engine.step_work import (
     StepDone,
     StepFrameWork,
     StepWork,
+    finish_step,
+    has_all_audio_queued,
     run_step,
+    start_frames,
 )
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenization
@@ -47,7 +50,7 @@ from tts_service.engine.warm_up import warm_up
 from tts_service.model.checkpoint import LoadedModel, LoadOptions, load_with_offline_fallback
 from tts_service.model.prompts import Prompt, PromptBuilder, PromptError, SynthesisInput, VoiceClone
 from tts_service.model.voice_clone import clone_voice
-from tts_service.runner.runner import AudioRestart, DecodeInput, ModelRunner, PrefillInput, StepInput
+from tts_service.runner.runner import AudioRestart, DecodeInput, ModelRunner, PendingStep, PrefillInput, StepInput
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ class EngineStats:
     num_prefills: int = 0
     num_codec_frames: int = 0
     num_eager_prefills: int = 0  # prefill calls outside the captured graphs
+    num_steps_ahead: int = 0  # steps scheduled, and their frames queued, before the step before was collected
     execute_s: float = 0.0  # in the runner (worker thread), GPU work included
     loop_s: float = 0.0  # in the loop between schedule() and the end of fan-out, execute_s included
     last_step_s: float = 0.0
@@ -145,6 +149,18 @@ class _AudioOut:
     audio: AudioInFlight
 
 
+@dataclass(frozen=True)
+class _StepInFlight:
+    """A step whose frames are queued on the device and not yet collected, with the host seconds it took."""
+
+    output: SchedulerOutput
+    work: StepWork
+    frames: PendingStep | Exception | None
+    schedule_s: float
+    plan_s: float
+    launch_s: float
+
+
 class Engine:
     """The one door below the API: submit, text, abort, clone a voice, stats, health.
 
@@ -155,8 +171,9 @@ class Engine:
     def __init__(self, model: LoadedModel, runner: ModelRunner, scheduler: Scheduler, prompts: PromptBuilder,
                  tokenization: TextTokenization, clock: Clock = time.monotonic,
                  max_unread_frames: int | None = None, voices: VoiceStore | None = None,
-                 new_stream: Callable[[str], RequestStream] | None = None) -> None:
+                 new_stream: Callable[[str], RequestStream] | None = None, schedule_ahead: bool = True) -> None:
         self.runner = runner
+        self.schedules_ahead = schedule_ahead  # EngineConfig.schedule_ahead
         self.scheduler = scheduler
         self.prompts = prompts
         self.tokenization = tokenization
@@ -204,7 +221,7 @@ class Engine:
             limits = VoiceLimits(config.max_voices, config.max_voice_bytes, config.max_voices_per_owner)
             voices = VoiceStore.open(config.voice_store_dir, limits, voice_shape(model))
         return cls(model, runner, scheduler, prompts, tokenization, clock, config.max_unread_frames(frame_rate_hz),
-                   voices, new_stream)
+                   voices, new_stream, config.schedule_ahead)
 
     @classmethod
     def load(cls, source: str, device: str, config: EngineConfig,
@@ -459,46 +476,87 @@ class Engine:
     # -- the loop -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+        in_flight: _StepInFlight | None = None
         try:
             while not self._is_stopping:
                 self._wake.clear()
-                started = time.perf_counter()
-                output = self.scheduler.schedule(self.clock())
-                self._release(output.freed)
-                if output.is_empty:
-                    if self._audio_out is not None:
-                        await self._hand_out_last_audio()
-                    else:
-                        await self._sleep_until_work()
-                    continue
-                scheduled = time.perf_counter()
-                work = self._plan(output)
-                planned = time.perf_counter()
-                previous, self._audio_out = self._audio_out, None
-                hand_out = None if previous is None else functools.partial(self._hand_out_from_runner, loop, previous)
-                done = await loop.run_in_executor(self._executor, run_step, self.runner, work, hand_out)
-                computed = time.perf_counter()
-                # The previous step's audio was queued on the loop before the step's result, so it is out by now.
-                self._apply(output, done)
-                if done.audio_in_flight is not None and done.audio_in_flight.calls:
-                    self._audio_out = _AudioOut(output, done.audio_in_flight)
-                applied = time.perf_counter()
-                phases = None
-                if self.runner.timer is not None:  # the step profiler: host phases, then the device's
-                    phases = {"schedule": scheduled - started, "plan": planned - scheduled, "launch": done.launch_s,
-                              "codec": done.codec_s, "frames": done.frames_s, "step_audio": done.step_audio_s,
-                              "update": applied - computed}
-                    times = self.runner.timer.take()
-                    phases |= {f"device_{name}": seconds for name, seconds in times.device.items()}
-                    phases |= {f"queue_{name}": seconds for name, seconds in times.host.items()}
-                self._count(output, computed - planned, applied - started, phases)
+                if in_flight is None:
+                    in_flight = await self._step_in_order()
+                else:
+                    in_flight = await self._step_with_one_in_flight(in_flight)
         except Exception:
             logger.exception("the engine loop failed; every live request ends with an error")
             raise
         finally:
             for live in list(self._live.values()):
                 self._end(live, FinishReason.ERROR, error="the engine stopped")
+
+    async def _step_in_order(self) -> _StepInFlight | None:
+        """Schedule a step with none in flight. Run it whole, or, where the next may be scheduled ahead of it,
+        only queue its frames and return it in flight."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        output = self.scheduler.schedule(self.clock())
+        self._release(output.freed)
+        if output.is_empty:
+            if self._audio_out is not None:
+                await self._hand_out_last_audio()
+            else:
+                await self._sleep_until_work()
+            return None
+        scheduled = time.perf_counter()
+        work = self._plan(output)
+        planned = time.perf_counter()
+        if self.schedules_ahead and has_all_audio_queued(work):
+            frames = await loop.run_in_executor(self._executor, start_frames, self.runner, work)
+            return _StepInFlight(output, work, frames, scheduled - started, planned - scheduled,
+                                 time.perf_counter() - planned)
+        done = await loop.run_in_executor(self._executor, run_step, self.runner, work, self._hand_out_previous(loop))
+        self._answer(output, done, started, scheduled - started, planned - scheduled, planned)
+        return None
+
+    async def _step_with_one_in_flight(self, step: _StepInFlight) -> _StepInFlight | None:
+        """Schedule the next step ahead of `step` where the scheduler takes it, queue its frames behind `step`'s,
+        then collect `step` and answer it. Returns the next step, now in flight."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        output = self.scheduler.schedule_ahead(self.clock()) if has_all_audio_queued(step.work) else None
+        if output is not None:
+            self._release(output.freed)
+        scheduled = time.perf_counter()
+        work = None if output is None or output.is_empty else self._plan(output)
+        planned = time.perf_counter()
+        done, frames = await loop.run_in_executor(self._executor, finish_step, self.runner, step.work, step.frames,
+                                                  self._hand_out_previous(loop), work)
+        launch_s, done.launch_s = done.launch_s, step.launch_s
+        self._answer(step.output, done, started, step.schedule_s, step.plan_s, planned)
+        if output is None or work is None:
+            return None
+        self.stats.num_steps_ahead += 1
+        return _StepInFlight(output, work, frames, scheduled - started, planned - scheduled, launch_s)
+
+    def _hand_out_previous(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
+        """The last step's audio, to be handed out by the runner's thread during the next call there."""
+        previous, self._audio_out = self._audio_out, None
+        return None if previous is None else functools.partial(self._hand_out_from_runner, loop, previous)
+
+    def _answer(self, output: SchedulerOutput, done: StepDone, started: float, schedule_s: float, plan_s: float,
+                executed: float) -> None:
+        """Apply a collected step, keep its audio in flight for the next step to hand out, and count it
+        (`started`, `executed`: when the loop took it up, and when the runner's call for it began)."""
+        computed = time.perf_counter()
+        self._apply(output, done)  # the previous step's audio was queued on the loop first, so it is out by now
+        if done.audio_in_flight is not None and done.audio_in_flight.calls:
+            self._audio_out = _AudioOut(output, done.audio_in_flight)
+        applied = time.perf_counter()
+        phases = None
+        if self.runner.timer is not None:  # the step profiler: host phases, then the device's
+            phases = {"schedule": schedule_s, "plan": plan_s, "launch": done.launch_s, "codec": done.codec_s,
+                      "frames": done.frames_s, "step_audio": done.step_audio_s, "update": applied - computed}
+            times = self.runner.timer.take()
+            phases |= {f"device_{name}": seconds for name, seconds in times.device.items()}
+            phases |= {f"queue_{name}": seconds for name, seconds in times.host.items()}
+        self._count(output, computed - executed, applied - started, phases)
 
     def _hand_out_from_runner(self, loop: asyncio.AbstractEventLoop, step: _AudioOut) -> None:
         """On the runner's thread: wait for the step's samples, then hand them out on the loop."""
@@ -607,7 +665,9 @@ class Engine:
         for chunk in step.output.codec_chunks:
             live = self._live.get(chunk.request_id)
             samples = done.audio.get((chunk.request_id, chunk.first_frame))
-            if live is None or samples is None:
+            # A chunk past the stream's last frame decoded a frame made after its end, scheduled ahead while
+            # the frame that ended it was in flight: nobody hears it.
+            if live is None or samples is None or chunk.first_frame + chunk.num_frames > len(live.frames):
                 continue
             live.stream.put_audio(AudioChunk(samples, chunk.first_frame, chunk.num_frames))
             if live.first_audio_time is None:

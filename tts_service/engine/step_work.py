@@ -65,7 +65,8 @@ class StepDone:
     # The step's codec calls, queued by the frame step or once its frames are back: the next step (or the loop,
     # when idle) collects them.
     audio_in_flight: AudioInFlight | None = None
-    # Host seconds queueing the frames (building their inputs), the codec restarts and the audio decoded with them.
+    # Host seconds queueing the frames (building their inputs), the codec restarts and the audio decoded with them:
+    # this step's, or with a step scheduled ahead, the next step's.
     launch_s: float = 0.0
     codec_s: float = 0.0  # host seconds then waiting for the previous step's samples and handing them over
     frames_s: float = 0.0  # host seconds then waiting for the frames
@@ -82,8 +83,23 @@ def run_step(runner: ModelRunner, work: StepWork, hand_out_previous: Callable[[]
     scheduler and plans the next step while the device decodes.
     """
     started = time.perf_counter()
-    done = StepDone()
     frames = start_frames(runner, work)
+    launch_s = time.perf_counter() - started
+    done, _ = finish_step(runner, work, frames, hand_out_previous)
+    done.launch_s = launch_s
+    return done
+
+
+def finish_step(runner: ModelRunner, work: StepWork, frames: PendingStep | Exception | None,
+                hand_out_previous: Callable[[], None] | None, next_work: StepWork | None = None
+                ) -> tuple[StepDone, PendingStep | Exception | None]:
+    """The rest of a step whose frames `start_frames` queued: with `next_work` (a step scheduled ahead), its
+    frames are queued first, behind this step's on the device, so that the device goes from one step's frames
+    to the next without waiting for the host; then as `run_step`. Returns the step's result and the next step's
+    frames in flight (None without a next step)."""
+    started = time.perf_counter()
+    done = StepDone()
+    next_frames = start_frames(runner, next_work) if next_work is not None else None
     launched = time.perf_counter()
     if hand_out_previous is not None:
         hand_out_previous()
@@ -93,7 +109,16 @@ def run_step(runner: ModelRunner, work: StepWork, hand_out_previous: Callable[[]
     done.audio_in_flight = start_step_audio(runner, work, done, frames)
     done.launch_s, done.codec_s, done.frames_s = launched - started, audio_done - launched, frames_done - audio_done
     done.step_audio_s = time.perf_counter() - frames_done
-    return done
+    return done, next_frames
+
+
+def has_all_audio_queued(work: StepWork) -> bool:
+    """Whether all of the step's codec work was queued with its frames (each chunk is the step's own frame
+    alone, decoded on the device right behind it, or a final chunk with nothing left to decode), so that nothing
+    of it is left to queue once the frames are back: only then may the next step's frames, and its codec
+    restarts, be queued before this step's are collected."""
+    return (all(chunk.codes.shape[0] == 0 for chunk in work.chunks)
+            and all(item.is_decoded_in_step for item in work.step_frames))
 
 
 @dataclass

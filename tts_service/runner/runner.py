@@ -667,14 +667,16 @@ class ModelRunner:
 
 
 class _IdStaging:
-    """One host buffer for every id a step uploads, pinned on CUDA: a step's prompts go to the device in a single
-    copy queued behind the device's work, with no page-locking per prompt. The buffer is reused, so a new
-    upload first waits for the last one's copy (long done: a step waits for its frames, queued after it)."""
+    """Host buffers for every id a step uploads, pinned on CUDA: a step's prompts go to the device in a single
+    copy queued behind the device's work, with no page-locking per prompt. There are two, used in turn: a buffer
+    is written again only once the copy from it two uploads ago is done, long since (that step's frames have come
+    back), also when a step is queued while the step before it still runs, whose copy may not have started."""
 
     def __init__(self, device: torch.device, num_ids: int = 1 << 16) -> None:
         self.device = device
-        self.buffer = self._allocate(num_ids)
-        self.copied: torch.cuda.Event | None = None
+        self.buffers = [self._allocate(num_ids), self._allocate(num_ids)]
+        self.copied: list[torch.cuda.Event | None] = [None, None]
+        self.turn = 0
 
     def _allocate(self, num_ids: int) -> torch.Tensor:
         return torch.empty(num_ids, dtype=torch.int64, pin_memory=self.device.type == "cuda")
@@ -685,17 +687,20 @@ class _IdStaging:
         total = sum(sizes)
         if not total:
             return [torch.zeros(0, dtype=torch.int64, device=self.device) for _ in arrays]
-        if self.copied is not None:
-            self.copied.synchronize()
-        if total > len(self.buffer):
-            self.buffer = self._allocate(max(total, 2 * len(self.buffer)))
-        host = self.buffer[:total]
+        turn, self.turn = self.turn, 1 - self.turn
+        copied = self.copied[turn]
+        if copied is not None:
+            copied.synchronize()
+        if total > len(self.buffers[turn]):
+            self.buffers[turn] = self._allocate(max(total, 2 * len(self.buffers[turn])))
+        host = self.buffers[turn][:total]
         np.concatenate(arrays, out=host.numpy())
         if self.device.type != "cuda":
             return list(host.clone().split(sizes))
         uploaded = host.to(self.device, non_blocking=True)
-        self.copied = torch.cuda.Event()
-        self.copied.record()
+        event = torch.cuda.Event()
+        event.record()
+        self.copied[turn] = event
         return list(uploaded.split(sizes))
 
 
