@@ -223,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="what a float32 codec's convolutions read and write (the engine's option of that name)")
     parser.add_argument("--workload", choices=("bench", "loadgen"), default="bench",
                         help="bench: the 8 fixed texts; loadgen: the load generator's closed-loop requests")
-    parser.add_argument("--schedule-ahead", choices=("on", "off"), default="on",
-                        help="schedule each step while the one before runs (the engine's schedule_ahead)")
+    parser.add_argument("--min-decodes-to-schedule-ahead", default="64",
+                        help="from this many decodes a step, schedule the next while it runs; 'off': never "
+                             "(the engine's option of that name)")
     parser.add_argument("--requests-per-level", type=int, help="default: 2C (at least 8) at concurrency C")
     parser.add_argument("--seed", type=int, default=1, help="the load generator's seed (--workload loadgen)")
     args = parser.parse_args(argv)
@@ -234,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     options = LoadOptions.default_for(args.device, args.codec_dtype, args.codec_convolution_dtype)
     model = load_model(args.model, options)
     started = time.perf_counter()
+    schedule_ahead = None if args.min_decodes_to_schedule_ahead == "off" else int(args.min_decodes_to_schedule_ahead)
     schedule = {} if args.codec_chunk_schedule is None else {
         "codec_chunk_schedule": tuple(int(n) for n in args.codec_chunk_schedule.split(","))}
     engine = Engine.create(model, EngineConfig(max_running=max(levels), max_waiting=4 * max(levels),
                                                max_positions_per_request=1024, profile_steps=args.profile_steps,
                                                codec_dtype=args.codec_dtype,
                                                codec_convolution_dtype=args.codec_convolution_dtype,
-                                               schedule_ahead=args.schedule_ahead == "on", **schedule))
+                                               min_decodes_to_schedule_ahead=schedule_ahead, **schedule))
     startup_s = time.perf_counter() - started
     frame_s = 1.0 / model.speech_config.frame_rate_hz
     workload = bench_workload if args.workload == "bench" else functools.partial(loadgen_workload, seed=args.seed)
@@ -251,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
               "model": args.model, "dtype": str(engine.runner.dtype), "startup_s": startup_s,
               "non_streaming_text": args.non_streaming_text, "codec_dtype": args.codec_dtype,
               "codec_convolution_dtype": args.codec_convolution_dtype,
-              "codec_half_convolutions": options.codec_half_convolutions, "schedule_ahead": args.schedule_ahead,
+              "codec_half_convolutions": options.codec_half_convolutions,
+              "min_decodes_to_schedule_ahead": schedule_ahead,
               "command": " ".join(["python -m benchmarks.engine", *(argv or sys.argv[1:])]),
               "workload": args.workload, "seed": args.seed if args.workload == "loadgen" else None,
               "texts": list(BENCH_TEXTS) if args.workload == "bench" else None, "levels": summaries,

@@ -29,9 +29,11 @@ SPEAKERS = ["ryan", "eric", "serena"]
 
 def make_engine(model, *, max_running: int = 4, num_slots: int = 6, num_kv_blocks: int = 128,
                 max_waiting: int = 64, chunk_schedule: tuple[int, ...] = (1, 2, 4), clock=time.monotonic) -> Engine:
+    """With one-frame chunks, every step that may be is scheduled ahead, however small the batch: these tests run
+    the engine's pipelined path, the service's tests (the default, from 64 decodes) mostly the one in order."""
     config = EngineConfig(max_running=max_running, num_slots=num_slots, max_waiting=max_waiting, block_size=4,
                           num_kv_blocks=num_kv_blocks, max_positions_per_request=256,
-                          codec_chunk_schedule=chunk_schedule)
+                          codec_chunk_schedule=chunk_schedule, min_decodes_to_schedule_ahead=0)
     return Engine.create(model, config, clock)
 
 
@@ -121,7 +123,7 @@ def test_steps_scheduled_ahead_drop_the_frames_made_after_a_stream_ended_and_cha
     results = {}
     for schedule_ahead in (False, True):
         engine = make_engine(model, max_running=3, chunk_schedule=(1,))
-        engine.schedules_ahead = schedule_ahead
+        engine.min_decodes_to_schedule_ahead = 0 if schedule_ahead else None
         end_every_stream_at(engine.runner, 4, model.config.talker.codec_eos_id)
         results[schedule_ahead] = asyncio.run(run_all(engine, requests))
         assert (engine.stats.num_steps_ahead > 0) == schedule_ahead

@@ -20,11 +20,15 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 @pytest.mark.usefixtures("fp32_convolutions")
-def test_the_engine_on_a_gpu_gives_the_eager_codes_and_their_audio() -> None:
+@pytest.mark.parametrize(("chunk_schedule", "min_decodes_to_schedule_ahead"), [((1, 2, 4), None), ((1,), 0)],
+                         ids=["growing-chunks-in-order", "one-frame-chunks-ahead"])
+def test_the_engine_on_a_gpu_gives_the_eager_codes_and_their_audio(
+        chunk_schedule: tuple[int, ...], min_decodes_to_schedule_ahead: int | None) -> None:
     model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
     requests = mixed_requests(12)
     config = EngineConfig(max_running=8, block_size=16, num_kv_blocks=256, max_positions_per_request=512,
-                          graph_batch_sizes=(1, 2, 4, 8), codec_chunk_schedule=(1, 2, 4))
+                          graph_batch_sizes=(1, 2, 4, 8), codec_chunk_schedule=chunk_schedule,
+                          min_decodes_to_schedule_ahead=min_decodes_to_schedule_ahead)
 
     async def run() -> list[tuple[np.ndarray, object]]:
         engine = Engine.create(model, config)
@@ -34,6 +38,7 @@ def test_the_engine_on_a_gpu_gives_the_eager_codes_and_their_audio() -> None:
                    for index, (synthesis, params) in enumerate(requests)]
         results = [await stream.collect() for stream in streams]
         await engine.stop()
+        assert (engine.stats.num_steps_ahead > 0) == (min_decodes_to_schedule_ahead is not None)
         return results
 
     results = asyncio.run(run())
@@ -47,14 +52,16 @@ def test_the_engine_on_a_gpu_gives_the_eager_codes_and_their_audio() -> None:
         assert np.abs(waveform - one_shot).max() < 1e-4
 
 
-def test_the_engine_queues_every_step_without_waiting_for_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("min_decodes_to_schedule_ahead", [None, 0], ids=["in-order", "ahead"])
+def test_the_engine_queues_every_step_without_waiting_for_the_device(monkeypatch: pytest.MonkeyPatch,
+                                                                     min_decodes_to_schedule_ahead: int | None) -> None:
     """Mixed requests (greedy and sampled, streamed and whole text) with the default one-frame chunks, as the
     server runs them: the runner's queueing calls run under torch's sync debug mode set to raise, so a blocking
-    call fails its step's requests with the error."""
+    call fails its step's requests with the error. Ahead, a step is queued while the one before still runs."""
     model = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
     requests = mixed_requests(12)
     config = EngineConfig(max_running=8, block_size=16, num_kv_blocks=256, max_positions_per_request=512,
-                          graph_batch_sizes=(1, 2, 4))
+                          graph_batch_sizes=(1, 2, 4), min_decodes_to_schedule_ahead=min_decodes_to_schedule_ahead)
 
     async def run() -> list[SynthesisSummary]:
         engine = Engine.create(model, config)
@@ -64,6 +71,7 @@ def test_the_engine_queues_every_step_without_waiting_for_the_device(monkeypatch
                    for index, (synthesis, params) in enumerate(requests)]
         results = await asyncio.wait_for(asyncio.gather(*(stream.collect() for stream in streams)), 120)
         await engine.stop()
+        assert (engine.stats.num_steps_ahead > 0) == (min_decodes_to_schedule_ahead is not None)
         return [summary for _, summary in results]
 
     summaries = asyncio.run(run())

@@ -52,11 +52,13 @@ class EngineConfig:
     # step at load (one call per distinct length) and ask for steps of half a frame's duration while a
     # stream starts (BENCHMARKS.md, "one codec call per step").
     codec_chunk_schedule: tuple[int, ...] = (1,)
-    # Schedule each step while the one before still runs, and queue its frames behind that step's on the device,
-    # so that the device goes from one step's frames to the next without waiting for the host's update, schedule
-    # and plan (Scheduler.schedule_ahead; with one-frame chunks only). Off: every step is scheduled once the one
-    # before has been answered.
-    schedule_ahead: bool = True
+    # From this many decodes in the running step, schedule the next step while it still runs and queue its frames
+    # behind the running step's on the device, so that the device goes from one step's frames to the next without
+    # waiting for the host's update, schedule and plan (Scheduler.schedule_ahead; one-frame chunks only): about a
+    # tenth more audio per second at 128 streams on an H100. The price is one step of queueing for a request that
+    # arrives after the next step was scheduled, so small batches, whose steps are far from the device's limit,
+    # keep scheduling in order (BENCHMARKS.md, "steps scheduled ahead"). None: always in order.
+    min_decodes_to_schedule_ahead: int | None = 64
     max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
     # -- graphs and kernels --
     # The codec decoder's dtype: "float32", or "bfloat16", which is faster under load and whose waveform moves
@@ -88,6 +90,8 @@ class EngineConfig:
             _require(getattr(self, name) >= 1, name, ">= 1")
         _require(self.num_slots is None or self.num_slots >= self.max_running, "num_slots",
                  f">= max_running ({self.max_running})")
+        _require(self.min_decodes_to_schedule_ahead is None or self.min_decodes_to_schedule_ahead >= 0,
+                 "min_decodes_to_schedule_ahead", ">= 0, or None")
         for name in ("max_audio_s", "max_reference_audio_s", "max_unread_audio_s"):
             _require(math.isfinite(getattr(self, name)) and getattr(self, name) > 0, name, "> 0")
         _require(self.max_positions_per_request is None or self.max_positions_per_request >= 1,

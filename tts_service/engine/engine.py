@@ -171,9 +171,10 @@ class Engine:
     def __init__(self, model: LoadedModel, runner: ModelRunner, scheduler: Scheduler, prompts: PromptBuilder,
                  tokenization: TextTokenization, clock: Clock = time.monotonic,
                  max_unread_frames: int | None = None, voices: VoiceStore | None = None,
-                 new_stream: Callable[[str], RequestStream] | None = None, schedule_ahead: bool = True) -> None:
+                 new_stream: Callable[[str], RequestStream] | None = None,
+                 min_decodes_to_schedule_ahead: int | None = None) -> None:
         self.runner = runner
-        self.schedules_ahead = schedule_ahead  # EngineConfig.schedule_ahead
+        self.min_decodes_to_schedule_ahead = min_decodes_to_schedule_ahead  # as EngineConfig's; None: never
         self.scheduler = scheduler
         self.prompts = prompts
         self.tokenization = tokenization
@@ -221,7 +222,7 @@ class Engine:
             limits = VoiceLimits(config.max_voices, config.max_voice_bytes, config.max_voices_per_owner)
             voices = VoiceStore.open(config.voice_store_dir, limits, voice_shape(model))
         return cls(model, runner, scheduler, prompts, tokenization, clock, config.max_unread_frames(frame_rate_hz),
-                   voices, new_stream, config.schedule_ahead)
+                   voices, new_stream, config.min_decodes_to_schedule_ahead)
 
     @classmethod
     def load(cls, source: str, device: str, config: EngineConfig,
@@ -507,7 +508,7 @@ class Engine:
         scheduled = time.perf_counter()
         work = self._plan(output)
         planned = time.perf_counter()
-        if self.schedules_ahead and has_all_audio_queued(work):
+        if self._may_schedule_after(work):
             frames = await loop.run_in_executor(self._executor, start_frames, self.runner, work)
             return _StepInFlight(output, work, frames, scheduled - started, planned - scheduled,
                                  time.perf_counter() - planned)
@@ -520,7 +521,7 @@ class Engine:
         then collect `step` and answer it. Returns the next step, now in flight."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        output = self.scheduler.schedule_ahead(self.clock()) if has_all_audio_queued(step.work) else None
+        output = self.scheduler.schedule_ahead(self.clock()) if self._may_schedule_after(step.work) else None
         if output is not None:
             self._release(output.freed)
         scheduled = time.perf_counter()
@@ -534,6 +535,11 @@ class Engine:
             return None
         self.stats.num_steps_ahead += 1
         return _StepInFlight(output, work, frames, scheduled - started, planned - scheduled, launch_s)
+
+    def _may_schedule_after(self, work: StepWork) -> bool:
+        """Whether the step after `work` may be scheduled ahead, while `work` runs."""
+        minimum = self.min_decodes_to_schedule_ahead
+        return minimum is not None and len(work.decode_ids) >= minimum and has_all_audio_queued(work)
 
     def _hand_out_previous(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
         """The last step's audio, to be handed out by the runner's thread during the next call there."""
