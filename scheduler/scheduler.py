@@ -7,6 +7,21 @@ The engine loop alternates strictly:
         result = ...                      # the engine has the runner execute it (order: scheduler.outputs)
         events = scheduler.update(result, now)
 
+or, pipelined, with the next step scheduled while the last one still runs:
+
+    output = scheduler.schedule(now)              # nothing in flight
+    ahead = scheduler.schedule_ahead(now)         # one step in flight; None: it declines, schedule in order
+    events = scheduler.update(result, now)        # answers the oldest step in flight
+
+A step scheduled ahead counts each request's frame in flight as made (`Request.num_frames_in_flight`):
+its positions, frame indices and text checks are those of the frame after it. It never preempts (a victim's
+frame could be in flight), so it declines when a decode would need a KV block only a preemption frees, or
+when stalled requests hold room that waiting ones need (the next step in order makes it); and it runs with
+one-frame codec chunks only, so that no chunk needs a frame still in flight. When a frame in flight ends
+its request (EOS, an error, an abort), the frame the step ahead makes for it follows the end of its stream:
+update() drops it with its chunk, and the engine drops its audio. KV blocks and slots freed meanwhile are
+safe to hand out again, since the device runs every step's work in the order it was queued.
+
 add(), append_text() and abort() may be called between any two of these calls, including while the
 runner executes a step, but from the engine loop's thread only: the scheduler takes no locks.
 When an output is empty the loop should sleep until add/append_text/abort is called or until

@@ -5,6 +5,10 @@ the event loop stays free for the server) decides how tensors are laid out; the 
 request's prompt, text and frames, turns a SchedulerOutput into runner work, and turns the
 outcome back into audio chunks and summaries on the request streams.
 
+From `min_decodes_to_schedule_ahead` decodes a step, the loop is pipelined: it schedules the next step while
+the last one runs (Scheduler.schedule_ahead) and has the runner queue its frames before collecting the last
+step's, so that the device goes from one step's frames to the next without waiting for the host.
+
 Every call (submit, append_text, close_text, abort) must come from the event loop's thread:
 the scheduler takes no locks. The loop sleeps on an event when there is no work, waking for new
 work or for the earliest request deadline; it never polls.
