@@ -125,3 +125,12 @@ def test_the_server_command_sets_the_gil_switch_interval(monkeypatch: pytest.Mon
         assert sys.getswitchinterval() == pytest.approx(0.0005)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_steps_are_scheduled_ahead_from_64_decodes_unless_set_or_off() -> None:
+    assert load_config([], {}).engine_config().min_decodes_to_schedule_ahead == 64
+    assert load_config(["--min-decodes-to-schedule-ahead", "8"], {}).engine_config().min_decodes_to_schedule_ahead == 8
+    environ = {"QWEN3_TTS_MIN_DECODES_TO_SCHEDULE_AHEAD": "off"}
+    assert load_config([], environ).engine_config().min_decodes_to_schedule_ahead is None
+    with pytest.raises(ConfigError, match="--min-decodes-to-schedule-ahead: must be >= 0 or off"):
+        load_config(["--min-decodes-to-schedule-ahead", "-1"], {})

@@ -86,6 +86,8 @@ class ServerConfig:
     coalesce_when_ahead_seconds: float = 1.0
     coalesced_message_seconds: float = 0.32
     kv_blocks: int | None = _ENGINE.num_kv_blocks  # the KV cache's size in blocks; None: from free GPU memory
+    # From this many decodes a step, the next step is scheduled while it runs; None: every step in order.
+    min_decodes_to_schedule_ahead: int | None = _ENGINE.min_decodes_to_schedule_ahead
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # set: clients must present a certificate it signed (mTLS)
@@ -117,6 +119,9 @@ class ServerConfig:
             _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         if self.kv_blocks is not None:
             _require(self.kv_blocks >= 1, "kv_blocks", f"must be >= 1, got {self.kv_blocks}")
+        if self.min_decodes_to_schedule_ahead is not None:
+            _require(self.min_decodes_to_schedule_ahead >= 0, "min_decodes_to_schedule_ahead",
+                     f"must be >= 0 or off, got {self.min_decodes_to_schedule_ahead}")
         for name in ("max_reference_audio_seconds", "max_audio_seconds", "max_stream_seconds",
                      "stream_idle_timeout_seconds", "max_unread_audio_seconds", "coalesce_when_ahead_seconds",
                      "coalesced_message_seconds"):
@@ -171,6 +176,7 @@ class ServerConfig:
                             max_audio_s=self.max_audio_seconds,
                             max_reference_audio_s=self.max_reference_audio_seconds,
                             max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks,
+                            min_decodes_to_schedule_ahead=self.min_decodes_to_schedule_ahead,
                             profile_steps=self.profile_steps,
                             codec_dtype=self.codec_dtype, codec_convolution_dtype=self.codec_convolution_dtype,
                             voice_store_dir=self.voice_store,
@@ -249,6 +255,10 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("coalesced-message-seconds", float, "the least audio per message for a listener that is well ahead "
                                             "(default 0.32: 4 frames)")
     add("kv-blocks", int, "KV cache size in blocks (default: from free GPU memory)")
+    add("min-decodes-to-schedule-ahead", _count_or_off,
+        "from this many decodes a step, schedule the next step while it runs, so that the GPU never waits for "
+        "the host between steps (about a tenth more audio per second at 128 streams, one step more before a new "
+        "request's prefill); off: every step in order (default 64)")
     add("tls-cert", Path, "PEM certificate chain of the server (enables TLS)")
     add("tls-key", Path, "PEM private key of the server")
     add("tls-client-ca", Path, "PEM CA bundle; clients must present a certificate it signed (mTLS)")
@@ -271,6 +281,11 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                         help="time every engine step's phases (host and GPU) and the server's per-chunk work into "
                              f"the metrics (qwen3_tts_*_phase_seconds); off by default [env {env_name}]")
     return parser
+
+
+def _count_or_off(text: str) -> int | None:
+    """An int flag that 'off' (or 'none') turns off."""
+    return None if text.strip().lower() in ("off", "none") else int(text)
 
 
 def _is_true(text: str) -> bool:
