@@ -67,10 +67,12 @@ SERVER_ANSWERS_CAUSED_BY_CLIENTS = {"CANCELLED", "DEADLINE_EXCEEDED"}
 @pytest.fixture(scope="module")
 def soak_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, int]]:
     metrics_port = free_port()
+    # Steps are scheduled ahead from 8 decodes, as a GPU server's are from 64: the soak crosses between the loop
+    # in order and the pipelined one, with cancels and deadlines landing while a step ahead is in flight.
     with server_process(tmp_path_factory.mktemp("soak"), "--metrics-port", str(metrics_port),
                         "--max-concurrent", str(CONCURRENCY), "--max-waiting", str(2 * CONCURRENCY),
                         "--max-audio-seconds", str(MAX_AUDIO_SECONDS), "--log-level", "WARNING",
-                        env=MEMORY_AS_LIVE) as server:
+                        "--min-decodes-to-schedule-ahead", "8", env=MEMORY_AS_LIVE) as server:
         yield server, metrics_port
 
 
