@@ -360,10 +360,6 @@ class _Codebook(nn.Module):
                                    lambda: (self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None],))
         return table
 
-    def lookup(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, T] -> [B, T, dim]."""
-        return F.embedding(codes, self.table())
-
 
 class _VectorQuantizer(nn.Module):
     def __init__(self, size: int, dim: int) -> None:
@@ -393,10 +389,8 @@ class _ResidualQuantizer(nn.Module):
         """codes [B, Q, T] -> [B, T, outer_dim]."""
         if self.is_fused:
             total = fused_ops.codebook_sum(codes, self._stacked_tables())
-        else:
-            total = self.vq.layers[0]._codebook.lookup(codes[:, 0])
-            for index in range(1, codes.shape[1]):
-                total = total + self.vq.layers[index]._codebook.lookup(codes[:, index])
+        else:  # each codebook's own table, with no stacked copy of them all
+            total = fused_ops.codebook_sum_eager(codes, [layer._codebook.table() for layer in self.vq.layers])
         # A kernel-1 convolution over time-major frames is a matrix product.
         return F.linear(total, self.output_proj.weight[..., 0])
 

@@ -15,6 +15,8 @@ do not cover.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -246,8 +248,9 @@ def window_attention(qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: 
     return out
 
 
-def codebook_sum_eager(codes: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-    """codes [B, Q, T] -> sum over q of tables[q][codes[:, q]] [B, T, dim], added one codebook after another."""
+def codebook_sum_eager(codes: torch.Tensor, tables: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """codes [B, Q, T] -> sum over q of tables[q][codes[:, q]] [B, T, dim], added one codebook after another;
+    `tables`: Q tables [size, dim], or one tensor [Q, size, dim]."""
     total = F.embedding(codes[:, 0], tables[0])
     for index in range(1, codes.shape[1]):
         total = total + F.embedding(codes[:, index], tables[index])
