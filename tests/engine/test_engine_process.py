@@ -119,6 +119,30 @@ def test_open_text_refusals_and_voice_clones_cross_the_process_as_they_work_in_p
     np.testing.assert_array_equal(remote_codes, local_codes)
 
 
+def test_an_open_request_the_core_refuses_ends_its_stream_with_the_error_the_engine_raises_in_process(
+        tiny_checkpoints: dict[str, Path], tiny_models: dict[str, LoadedModel]) -> None:
+    """The server's process sends an open request's text without waiting for the core to take the request; a
+    refusal then reaches the reader of its stream, as the same error, and the text sent meanwhile is dropped."""
+    unknown_speaker = SynthesisInput("", "english", "nobody")
+
+    async def remote(engine: EngineProcess) -> tuple[str, int]:
+        stream = await engine.submit(SynthesisRequest("refused", unknown_speaker, SEEDED, is_text_open=True))
+        engine.append_text("refused", "Words for a request that never runs.")
+        engine.close_text("refused")
+        with pytest.raises(PromptError) as refused:
+            await stream.collect()
+        return refused.value.field, engine.num_live_requests
+
+    async def local(engine: Engine) -> str:
+        with pytest.raises(PromptError) as refused:
+            await engine.submit(SynthesisRequest("refused", unknown_speaker, SEEDED, is_text_open=True))
+        return refused.value.field
+
+    remote_field, num_live = with_core(tiny_checkpoints["custom_voice"], remote)
+    assert remote_field == in_process(tiny_models["custom_voice"], local) == "speaker"
+    assert num_live == 0
+
+
 def test_killing_the_core_mid_stream_fails_every_stream_and_call_and_nothing_hangs(
         tiny_checkpoints: dict[str, Path]) -> None:
     long = GenerationParams(max_new_frames=400, min_new_frames=400)

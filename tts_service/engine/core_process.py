@@ -168,17 +168,30 @@ class CoreBridge:
             "append_text": engine.append_text, "close_text": engine.close_text, "abort": engine.abort,
             "set_output_paused": engine.set_output_paused}
         self._tasks: set[asyncio.Task[None]] = set()
+        # Notices (text, abort, ...) for a request whose submit is still being answered, by request id: the
+        # server sends an open request's text without waiting for that answer, and the text must follow it.
+        self._held_notices: dict[str, list[Notice]] = {}
 
     def handle(self, message: Call | Notice) -> None:
         if isinstance(message, Notice):
-            try:
-                self._notices[message.method](*message.args)
-            except Exception:  # a notice has nobody waiting for it: the request's stream carries what follows
-                logger.exception("the engine refused %s for %r", message.method, message.args[:1])
+            held = self._held_notices.get(message.args[0])
+            if held is not None:
+                held.append(message)
+            else:
+                self._apply(message)
             return
+        if message.method == "submit":
+            # The server's process never reuses the id of a request it still has (it refuses that itself).
+            self._held_notices[message.args[0].request_id] = []
         task = asyncio.get_running_loop().create_task(self._answer(message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _apply(self, notice: Notice) -> None:
+        try:
+            self._notices[notice.method](*notice.args)
+        except Exception:  # a notice has nobody waiting for it: the request's stream carries what follows
+            logger.exception("the engine refused %s for %r", notice.method, notice.args[:1])
 
     async def _answer(self, call: Call) -> None:
         try:
@@ -189,7 +202,14 @@ class CoreBridge:
         self.outbox.reply(Reply(call.call_id, value=_to_wire(value)))
 
     async def _submit(self, request: SynthesisRequest) -> None:
-        await self.engine.submit(_request_from_wire(request))
+        """The request into the engine, then the notices that arrived for it meanwhile (none if it was
+        refused: its stream has ended)."""
+        try:
+            await self.engine.submit(_request_from_wire(request))
+        finally:
+            held = self._held_notices.pop(request.request_id, [])
+        for notice in held:
+            self._apply(notice)
 
 
 async def _serve(spec: CoreSpec, channel: socket.socket) -> None:

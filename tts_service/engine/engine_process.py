@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import multiprocessing
@@ -153,20 +154,37 @@ class EngineProcess:
     # -- calls ------------------------------------------------------------------------------------
 
     async def submit(self, request: SynthesisRequest) -> RequestStream:
-        """As Engine.submit: raises what the engine raised there, and EngineStoppedError once the core is gone."""
+        """As Engine.submit: raises what the engine raised there, and EngineStoppedError once the core is gone.
+
+        A request with open text is the exception: its stream comes back as soon as the request is sent, so
+        that its text follows at once instead of a round trip to the core later (the core holds it until the
+        request is in). Nothing of it could run before its text anyway. If the engine refuses it, its stream
+        ends with the engine's error, which the reader gets as it would have got it here."""
         request_id = request.request_id
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         stream = RequestStream(request_id, self.max_unread_frames,
                                lambda is_paused: self._notify("set_output_paused", request_id, is_paused))
-        # Registered before the call: the core may send audio in the same batch as its reply.
+        reply = self._send_call("submit", request)
+        # Registered before the answer: the core may send audio in the same batch as its reply.
         self._streams[request_id] = _Pending(stream, self.clock())
+        if request.is_text_open:
+            reply.add_done_callback(functools.partial(self._end_if_refused, request_id))
+            return stream
         try:
-            await self._call("submit", request)
+            await reply
         except BaseException:
             self._streams.pop(request_id, None)
             raise
         return stream
+
+    def _end_if_refused(self, request_id: str, reply: asyncio.Future[Any]) -> None:
+        error = None if reply.cancelled() else reply.exception()
+        if error is None:
+            return
+        pending = self._streams.pop(request_id, None)
+        if pending is not None:
+            pending.stream.fail(error)  # type: ignore[arg-type]
 
     def append_text(self, request_id: str, fragment: str) -> None:
         if request_id in self._streams and fragment:
@@ -219,16 +237,18 @@ class EngineProcess:
             send(self._writer, Notice(method, args))
 
     async def _call(self, method: str, *args: Any) -> Any:
+        return await self._send_call(method, *args)
+
+    def _send_call(self, method: str, *args: Any) -> asyncio.Future[Any]:
+        """Send the call; the future is its answer."""
         if not self.is_running:
             raise EngineStoppedError("the engine is not running")
         call_id = next(self._call_ids)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[call_id] = reply
+        reply.add_done_callback(lambda _: self._replies.pop(call_id, None))
         send(self._writer, Call(call_id, method, args))
-        try:
-            return await reply
-        finally:
-            self._replies.pop(call_id, None)
+        return reply
 
     # -- what the core sends ------------------------------------------------------------------------
 
