@@ -64,6 +64,7 @@ class CallRecord:
     voice_clone: tuple[float, float] | None = None  # monotonic start and end of the reference audio's encoding
     result: CallResult | None = None  # None when the call ended before the engine finished it
     is_submitted: bool = False  # the engine took the request
+    first_audio_received: float | None = None  # monotonic: the request's first audio reached the server's stream
     chunks_sent: list[ChunkArrival] = field(default_factory=list)
 
     def finish_reason(self, status: str) -> str:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from observability.calls import CallRecord
+from observability.calls import CallRecord, RequestTimeline
 
 # Fine below 100 ms, where the service's targets are; coarse above, where only overload lives.
 TIME_TO_FIRST_AUDIO_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2,
@@ -105,6 +105,13 @@ class ServiceMetrics:
         self.server_phase_time = Histogram("qwen3_tts_server_phase_seconds",
                                            "The server's work per audio chunk: encoding it, and writing it out.",
                                            (*names, "phase"), buckets=PHASE_BUCKETS, registry=self.registry)
+        self.first_audio_path = Histogram(
+            "qwen3_tts_first_audio_path_seconds",
+            "A streamed call's way to its first audio outside the engine's own time to first audio: from the call's "
+            "start to its request's arrival in the engine (to_engine: checks, voice, the crossing to the engine "
+            "core; for streamed text, until its first words), from the engine's first audio to the server's stream "
+            "(from_engine), and from there to gRPC (to_grpc: the handler waking, encoding, the write).",
+            (*names, "phase"), buckets=PHASE_BUCKETS, registry=self.registry)
         self.requests = Counter("qwen3_tts_requests", "Finished calls by RPC, gRPC status and finish reason.",
                                 (*names, "rpc", "status", "finish_reason"), registry=self.registry)
         self.audio_seconds = Counter("qwen3_tts_audio_seconds", "Audio generated.", names, registry=self.registry)
@@ -156,11 +163,22 @@ class ServiceMetrics:
                                  (self.time_to_first_audio, timeline.time_to_first_audio_s)):
             if value is not None:
                 histogram.labels(**labels).observe(value)
+        self._observe_first_audio_path(record, timeline)
         if status == "OK" and result.audio_s > 0:
             self.realtime_factor.labels(**labels).observe(end_to_end_s / result.audio_s)
         self.audio_seconds.labels(**labels).inc(result.audio_s)
         self.frames.labels(**labels).inc(result.num_frames)
         self.input_tokens.labels(**labels).inc(result.num_input_tokens)
+
+    def _observe_first_audio_path(self, record: CallRecord, timeline: RequestTimeline) -> None:
+        received, first_audio = record.first_audio_received, timeline.first_audio
+        if received is None or first_audio is None or not record.chunks_sent:
+            return
+        labels = self._labels
+        for phase, seconds in (("to_engine", timeline.arrival - record.started),
+                               ("from_engine", received - first_audio),
+                               ("to_grpc", record.chunks_sent[0].arrival_s - received)):
+            self.first_audio_path.labels(**labels, phase=phase).observe(seconds)
 
     def watch(self, live: LiveState) -> None:
         """Gauges that read the engine's state when scraped (so they cost nothing between scrapes)."""

@@ -15,7 +15,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from observability.calls import CallRecord, CallResult, RequestTimeline
 from observability.metrics import LiveState, ServiceMetrics
+from observability.playback import ChunkArrival
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server, wait_until
 from tests.service.processes import free_port
 from tts_service.model.checkpoint import LoadedModel
@@ -84,10 +86,29 @@ def test_a_scrape_counts_every_call_by_rpc_status_and_finish_reason(metered: tup
     assert value(scrape, "qwen3_tts_realtime_factor_count") == 3
     assert value(scrape, "qwen3_tts_audio_seconds_total") > 0
     assert value(scrape, "qwen3_tts_frames_total") == value(scrape, "qwen3_tts_audio_seconds_total") * 12.5
-    # The two streamed calls sent chunks, so their underruns and chunk gaps were measured.
+    # The two streamed calls sent chunks, so their underruns and chunk gaps were measured, and their first
+    # audio's way outside the engine.
     assert value(scrape, "qwen3_tts_underrun_seconds_count") == 2
+    for phase in ("to_engine", "from_engine", "to_grpc"):
+        assert value(scrape, "qwen3_tts_first_audio_path_seconds_count", phase=phase) == 2
     assert value(scrape, "qwen3_tts_engine_step_seconds_count") > 0
     assert value(scrape, "qwen3_tts_engine_batch_size_count") > 0
+
+
+def test_a_streamed_calls_first_audio_path_is_observed_from_the_server_and_engine_timestamps() -> None:
+    metrics = ServiceMetrics("tiny", "custom_voice")
+    record = CallRecord("SynthesizeOnline", "path", started=100.0)
+    record.first_audio_received = 100.0155
+    record.chunks_sent.append(ChunkArrival(100.018, 0.0))
+    timeline = RequestTimeline(arrival=100.002, admitted=100.004, first_frame=100.012, first_audio=100.015,
+                               finished=101.0)
+    record.result = CallResult("length", timeline, num_frames=10, num_input_tokens=5, audio_s=0.8)
+    metrics.observe_call(record, "OK")
+    scrape = samples(metrics)
+    for phase, seconds in (("to_engine", 0.002), ("from_engine", 0.0005), ("to_grpc", 0.0025)):
+        assert value(scrape, "qwen3_tts_first_audio_path_seconds_count", phase=phase) == 1
+        assert value(scrape, "qwen3_tts_first_audio_path_seconds_sum", phase=phase) == pytest.approx(seconds)
+    assert value(scrape, "qwen3_tts_time_to_first_audio_seconds_sum") == pytest.approx(0.013)
 
 
 def test_live_gauges_read_the_scheduler_and_return_to_zero(metered: tuple[RunningServer, ServiceMetrics]) -> None:

@@ -426,6 +426,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         listener = ListenerLead(frame_rate_hz)
         num_coalesced_frames = max(1, round(self.config.coalesced_message_seconds * frame_rate_hz))
         async for piece in stream:
+            if record.first_audio_received is None:
+                record.first_audio_received = stream.first_audio_time
             started = time.perf_counter()
             chunk = await run_encoder(encoder, lambda piece=piece: encoder.encode(piece.samples))
             if chunk is not None:

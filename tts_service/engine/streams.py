@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,9 @@ class RequestStream:
         self.summary: SynthesisSummary | None = None
         self.num_unread_frames = 0
         self.is_backlogged = False
+        # time.monotonic() when the first audio reached this stream, in this process: with the engine core in
+        # a process of its own, later than the core's own first_audio by the crossing between the two.
+        self.first_audio_time: float | None = None
         self._max_unread_frames = max_unread_frames
         self._on_backlog = on_backlog
         self._is_done = False
@@ -91,6 +95,8 @@ class RequestStream:
     # Engine side.
 
     def put_audio(self, chunk: AudioChunk) -> None:
+        if self.first_audio_time is None:
+            self.first_audio_time = time.monotonic()
         self.num_unread_frames += chunk.num_frames
         self._put(chunk)
         limit = self._max_unread_frames
