@@ -89,6 +89,12 @@ def test_the_step_profiler_is_off_unless_a_flag_or_the_environment_turns_it_on()
         load_config([], {"QWEN3_TTS_PROFILE_STEPS": "maybe"})
 
 
+@pytest.mark.parametrize("name", ["QWEN3_TTS_ENGINE_PROCESS", "QWEN3_TTS_PROFILE_STEPS"])
+def test_a_switch_in_the_environment_that_is_not_true_or_false_is_refused_naming_its_own_variable(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{name}: must be true or false"):
+        load_config([], {name: "maybe"})
+
+
 def test_the_codec_decoder_stays_fp32_unless_bf16_is_asked_for() -> None:
     assert load_config([], {}).engine_config().codec_dtype == "float32"
     assert load_config(["--codec-dtype", "bfloat16"], {}).engine_config().codec_dtype == "bfloat16"

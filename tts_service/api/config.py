@@ -271,13 +271,13 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("log-format", str.lower, "json (one object per line, with request and trace ids) or text")
     env_name = ENV_PREFIX + "ENGINE_PROCESS"
     parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
-                        default=_is_true(environ.get(env_name, str(defaults.engine_process))),
+                        default=_is_true(environ.get(env_name, str(defaults.engine_process)), env_name),
                         help="run the engine core (scheduler, model runner, GPU) in its own process beside the "
                              "server's, so that gRPC's work never delays a step; --no-engine-process keeps one "
                              f"process [env {env_name}]")
     env_name = ENV_PREFIX + "PROFILE_STEPS"
     parser.add_argument("--profile-steps", action=argparse.BooleanOptionalAction,
-                        default=_is_true(environ.get(env_name, str(defaults.profile_steps))),
+                        default=_is_true(environ.get(env_name, str(defaults.profile_steps)), env_name),
                         help="time every engine step's phases (host and GPU) and the server's per-chunk work into "
                              f"the metrics (qwen3_tts_*_phase_seconds); off by default [env {env_name}]")
     return parser
@@ -288,10 +288,10 @@ def _count_or_off(text: str) -> int | None:
     return None if text.strip().lower() in ("off", "none") else int(text)
 
 
-def _is_true(text: str) -> bool:
+def _is_true(text: str, env_name: str) -> bool:
     value = text.strip().lower()
     if value not in ("true", "false", "1", "0", "yes", "no"):
-        raise ConfigError(f"{ENV_PREFIX}PROFILE_STEPS: must be true or false, got {text[:20]!r}")
+        raise ConfigError(f"{env_name}: must be true or false, got {text[:20]!r}")
     return value in ("true", "1", "yes")
 
 
