@@ -8,7 +8,9 @@ the reference `qwen-tts` run in fp32:
 - the reference in bf16 (the bar to meet),
 - this service in bf16 on the engine's path: the talker one position at a time through the paged
   decode attention, the code predictor one codebook at a time through its static cache, all
-  frames of the sequence as one batch; once with the fused kernels and once with the eager chain.
+  frames of the sequence as one batch; once with the fused kernels and once with the eager chain;
+- and, on CUDA, the path a single stream takes: each frame alone, the predictor's codebooks 2-15
+  each one kernel (`PredictorPass`).
 Codebook 0 comes from the talker head, codebooks 1-15 from the predictor fed each system's own
 talker hidden state and the forced codes. Needs the qwen-tts package (the parity extra).
 """
@@ -29,7 +31,7 @@ from tts_service.model.checkpoint import LoadOptions, load_model
 from tts_service.model.layers import use_fused_kernels
 from tts_service.model.talker import Talker
 from tts_service.runner.frame_codes import predictor_hidden
-from tts_service.runner.frame_step import PredictorCache
+from tts_service.runner.frame_step import PagedPredictorCache, PredictorCache, predictor_call
 from tts_service.runner.kv_cache import PagedDecodeBackend, PagedKVCache
 
 _BLOCK_SIZE = 32
@@ -85,6 +87,12 @@ def reference_logits(talker: torch.nn.Module, embeds: torch.Tensor, codes: torch
 
 @torch.inference_mode()
 def engine_path_logits(talker: Talker, embeds: torch.Tensor, codes: torch.Tensor) -> TeacherForcedLogits:
+    talker_hidden = engine_talker_hidden(talker, embeds)
+    return TeacherForcedLogits(talker.logits(talker_hidden).float(), predictor_logits(talker, talker_hidden, codes))
+
+
+def engine_talker_hidden(talker: Talker, embeds: torch.Tensor) -> torch.Tensor:
+    """The talker's hidden state at every position [L, H], one decode step at a time on the paged cache."""
     device, dtype = embeds.device, talker.codec_head.weight.dtype
     layers = talker.config.layers
     num_positions = embeds.shape[0]
@@ -98,8 +106,7 @@ def engine_path_logits(talker: Talker, embeds: torch.Tensor, codes: torch.Tensor
         backend.set_metadata(block_table, torch.tensor([position], device=device))
         positions = torch.tensor([[position]], device=device)
         hidden.append(talker.hidden(embeds[position].to(dtype)[None, None], positions, backend)[0, -1])
-    talker_hidden = torch.stack(hidden)
-    return TeacherForcedLogits(talker.logits(talker_hidden).float(), predictor_logits(talker, talker_hidden, codes))
+    return torch.stack(hidden)
 
 
 def predictor_logits(talker: Talker, talker_hidden: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
@@ -114,6 +121,30 @@ def predictor_logits(talker: Talker, talker_hidden: torch.Tensor, codes: torch.T
         logits.append(predictor.logits(codebook, hidden).float())
         inputs = predictor.embed(codebook, codes[:, codebook])[:, None]
     return torch.stack(logits, dim=1)
+
+
+@torch.inference_mode()
+def one_call_logits(talker: Talker, embeds: torch.Tensor, codes: torch.Tensor) -> TeacherForcedLogits | None:
+    """The engine's path at batch 1, where the code predictor's codebooks 2.. run as one kernel each
+    (`PredictorPass`): every frame on its own, its first call layer by layer with the paged memory, as the frame
+    step runs it. None where the kernel does not serve this device or model."""
+    dtype, device = talker.codec_head.weight.dtype, embeds.device
+    memory = PagedPredictorCache(talker, 1, dtype, device)
+    call = predictor_call(talker, memory, dtype, device)
+    if call is None:
+        return None
+    talker_hidden = engine_talker_hidden(talker, embeds)
+    predictor = talker.code_predictor
+    num_groups = talker.config.num_code_groups
+    rope = predictor.rope_table(num_groups, dtype)
+    logits = torch.empty(codes.shape[0], num_groups - 1, predictor.lm_head[0].out_features, device=device)
+    for frame in range(codes.shape[0]):
+        inputs = torch.stack([talker_hidden[frame:frame + 1], talker.embed_codec(codes[frame:frame + 1, 0])], dim=1)
+        logits[frame, 0] = predictor.logits(1, predictor_hidden(talker, 1, inputs, rope, memory)).float()[0]
+        for codebook in range(2, num_groups):
+            previous = predictor.embed(codebook - 1, codes[frame:frame + 1, codebook - 1])
+            logits[frame, codebook - 1] = call.logits(codebook, previous)[0]
+    return TeacherForcedLogits(talker.logits(talker_hidden).float(), logits)
 
 
 def compare(system: TeacherForcedLogits, reference: TeacherForcedLogits) -> dict:
@@ -153,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, is_fused in (("engine_bf16_fused", True), ("engine_bf16_eager_chain", False)):
         use_fused_kernels(talker, is_fused)
         results[name] = compare(engine_path_logits(talker, embeds, codes), truth)
+    use_fused_kernels(talker, True)
+    one_call = one_call_logits(talker, embeds, codes)
+    if one_call is not None:
+        results["engine_bf16_fused_batch1_one_call"] = compare(one_call, truth)
     verdicts = {name: is_within_bar(results[name], results["reference_bf16"])
-                for name in ("engine_bf16_fused", "engine_bf16_eager_chain")}
+                for name in results if name.startswith("engine_")}
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     report = {"benchmark": "fidelity", "device": device_name, "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "checkpoint": str(args.checkpoint), "positions": args.positions,

@@ -52,12 +52,22 @@ def predictor_hidden(talker: Talker, codebook: int, inputs: torch.Tensor, rope: 
     return talker.code_predictor.hidden(inputs, cos, sin, memory)[:, -1]
 
 
+class CodebookLogits(Protocol):
+    """A whole predictor call for codebooks 2..G-1 in one: the previous codebook's embedding in, logits out."""
+
+    def applies_to(self, batch: int) -> bool: ...
+
+    def logits(self, codebook: int, inputs: torch.Tensor) -> torch.Tensor: ...
+
+
 def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, code0: torch.Tensor,
                                 rows: RowSampling, seeds: torch.Tensor, first_draw: torch.Tensor,
-                                memory: PredictorMemory) -> torch.Tensor:
+                                memory: PredictorMemory, one_call: CodebookLogits | None = None) -> torch.Tensor:
     """Run the code predictor for one frame: [B] codebook 0 -> [B, G-1] codebooks 1..G-1.
 
-    The sequence is [talker hidden, embed(code 0)] at positions 0-1, then one code per step.
+    The sequence is [talker hidden, embed(code 0)] at positions 0-1, then one code per step. `one_call`, where
+    it applies to the batch, computes codebooks 2.. (one token each) in place of the layer-by-layer chain, with the
+    same memory.
     """
     predictor = talker.code_predictor
     inputs = torch.stack([talker_hidden, talker.embed_codec(code0)], dim=1)
@@ -68,8 +78,12 @@ def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, cod
     gumbel: torch.Tensor | None = None
     codes: list[torch.Tensor] = []
     rope = predictor.rope_table(num_groups, inputs.dtype)
+    whole_call = one_call if one_call is not None and one_call.applies_to(inputs.shape[0]) else None
     for codebook in range(1, num_groups):
-        scores = predictor.logits(codebook, predictor_hidden(talker, codebook, inputs, rope, memory)).float()
+        if whole_call is not None and codebook > 1:
+            scores = whole_call.logits(codebook, inputs[:, 0])
+        else:
+            scores = predictor.logits(codebook, predictor_hidden(talker, codebook, inputs, rope, memory)).float()
         if gumbel is None and not draws_in_kernel(scores):
             gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
         code = sample(scores, rows, seeds, draws[:, codebook - 1], None if gumbel is None else gumbel[:, codebook - 1])

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from tts_service.model.layers import repeat_kv
 from tts_service.model.talker import Talker
 from tts_service.runner.frame_codes import (
+    CodebookLogits,
     PredictorMemory,
     predict_remaining_codebooks,
     process_codebook0_logits,
@@ -22,6 +23,7 @@ from tts_service.runner.frame_codes import (
 )
 from tts_service.runner.kv_cache import PagedKVCache, decode_attention_triton, store_kv_triton, triton_supported
 from tts_service.runner.params import GenerationParams
+from tts_service.runner.predictor_pass import PredictorPass
 from tts_service.runner.sampling import RowSampling, sample
 
 
@@ -108,6 +110,15 @@ def predictor_memory(talker: Talker, max_batch_size: int, dtype: torch.dtype, de
     return PredictorCache(talker, max_batch_size, dtype, device)
 
 
+def predictor_call(talker: Talker, memory: PredictorMemory, dtype: torch.dtype,
+                   device: torch.device) -> CodebookLogits | None:
+    """The one-kernel predictor call for small batches, where the paged memory's kernels run and it serves the
+    predictor's shapes; None elsewhere (the layer-by-layer chain then runs at every batch)."""
+    if not isinstance(memory, PagedPredictorCache) or not PredictorPass.applies(talker, dtype, device):
+        return None
+    return PredictorPass(talker, memory.cache.storage)
+
+
 @dataclass
 class SlotState:
     """Per-request decoding state on the device, one row per slot plus a scratch row."""
@@ -171,10 +182,12 @@ class SlotState:
 class FrameSampler:
     """Talker hidden state -> a whole frame: codebook 0 from the talker head, the rest from the predictor."""
 
-    def __init__(self, talker: Talker, state: SlotState, predictor_cache: PredictorMemory) -> None:
+    def __init__(self, talker: Talker, state: SlotState, predictor_cache: PredictorMemory,
+                 predictor_call: CodebookLogits | None = None) -> None:
         self.talker = talker
         self.state = state
         self.predictor_cache = predictor_cache
+        self.predictor_call = predictor_call
         self.suppressed = suppressed_ids_mask(talker)
         self.num_groups = talker.config.num_code_groups
 
@@ -189,7 +202,7 @@ class FrameSampler:
         # A device-side value: a Python scalar here would be a host copy, which graph capture forbids.
         state.seen.index_put_((slots, code0), torch.ones_like(code0, dtype=torch.bool))
         rest = predict_remaining_codebooks(self.talker, hidden, code0, state.predictor_rows(slots), seeds, draws,
-                                           self.predictor_cache)
+                                           self.predictor_cache, self.predictor_call)
         frame = torch.cat([code0[:, None], rest], dim=1)
         state.last_frame[slots] = frame
         return frame

@@ -28,7 +28,13 @@ from tts_service.model.fused_ops import kernels_available
 from tts_service.model.layers import use_fused_kernels
 from tts_service.model.prompts import Prompt
 from tts_service.runner.config import RunnerConfig
-from tts_service.runner.frame_step import FrameSampler, SlotState, predictor_memory, queued_upload
+from tts_service.runner.frame_step import (
+    FrameSampler,
+    SlotState,
+    predictor_call,
+    predictor_memory,
+    queued_upload,
+)
 from tts_service.runner.kv_cache import PagedDecodeBackend, PagedKVCache, PagedPrefillBackend, validate_host_metadata
 from tts_service.runner.params import GenerationParams
 from tts_service.runner.timing import PhaseTimer
@@ -211,8 +217,9 @@ class ModelRunner:
 
         self.state = SlotState.allocate(config.max_num_slots, talker_config.layers.vocab_size, self.num_groups,
                                         self.device)
-        self.sampler = FrameSampler(self.talker, self.state,
-                                    predictor_memory(self.talker, max_batch, self.dtype, self.device, is_fused))
+        memory = predictor_memory(self.talker, max_batch, self.dtype, self.device, is_fused)
+        self.sampler = FrameSampler(self.talker, self.state, memory,
+                                    predictor_call(self.talker, memory, self.dtype, self.device))
         self.kv_cache = PagedKVCache(talker_config.layers.num_hidden_layers, self._num_kv_blocks(),
                                      config.block_size, talker_config.layers.num_key_value_heads,
                                      talker_config.layers.head_dim, self.dtype, self.device)

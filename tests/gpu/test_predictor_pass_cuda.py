@@ -1,0 +1,100 @@
+"""On a GPU: the one-kernel predictor call in bf16 is as close to an fp32 chain as the layer-by-layer chain is, at
+the real shapes, picks the chain's codes, replays in a CUDA graph, and is what the runner uses for one stream."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tts_service.engine.config import EngineConfig
+from tts_service.model import fused_ops
+from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.layers import use_fused_kernels
+from tts_service.model.talker import Talker
+from tts_service.runner.frame_codes import predictor_hidden
+from tts_service.runner.frame_step import PagedPredictorCache, PredictorCache
+from tts_service.runner.predictor_pass import PredictorPass
+from tts_service.runner.runner import ModelRunner
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fused_ops.HAS_TRITON),
+                                reason="needs a CUDA GPU and Triton")
+
+DEVICE = torch.device("cuda")
+
+
+def test_one_call_is_as_close_to_fp32_as_the_layer_chain_at_the_real_shapes() -> None:
+    talker = load_model("random:0.6b-custom_voice", LoadOptions(device=DEVICE, dtype=torch.bfloat16,
+                                                                 load_codec_encoder=False)).talker
+    use_fused_kernels(talker, True)
+    with torch.inference_mode():
+        assert_one_call_as_close_to_fp32_as_the_chain(talker)
+
+
+def assert_one_call_as_close_to_fp32_as_the_chain(talker: Talker) -> None:
+    predictor = talker.code_predictor
+    exact = copy.deepcopy(predictor).float()
+    use_fused_kernels(exact, False)
+    exact_talker = SimpleNamespace(code_predictor=exact, config=talker.config)
+    num_groups = talker.config.num_code_groups
+    memory = PagedPredictorCache(talker, 1, torch.bfloat16, DEVICE)
+    exact_memory = PredictorCache(exact_talker, 1, torch.float32, DEVICE)
+    one_call = PredictorPass(talker, memory.cache.storage)
+    rope, exact_rope = predictor.rope_table(num_groups, torch.bfloat16), exact.rope_table(num_groups, torch.float32)
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    hidden = torch.randn(1, talker.config.layers.hidden_size, generator=generator, device=DEVICE).bfloat16()
+    code = torch.randint(0, 2048, (1,), generator=generator, device=DEVICE)
+    inputs = torch.stack([hidden, talker.embed_codec(code)], dim=1)
+    predictor_hidden(talker, 1, inputs, rope, memory)
+    code = exact.logits(1, predictor_hidden(exact_talker, 1, inputs.float(), exact_rope, exact_memory)).argmax(-1)
+    storage = memory.cache.storage
+    chain_errors, one_call_errors = [], []
+    for codebook in range(2, num_groups):
+        previous = predictor.embed(codebook - 1, code)
+        held = storage.clone()
+        chain = predictor.logits(codebook, predictor_hidden(talker, codebook, previous[:, None], rope, memory)).float()
+        chain_cache = storage.clone()
+        storage.copy_(held)
+        logits = one_call.logits(codebook, previous)
+        truth = exact.logits(codebook, predictor_hidden(exact_talker, codebook, previous[:, None].float(), exact_rope,
+                                                        exact_memory))
+        assert torch.equal(logits.argmax(-1), chain.argmax(-1))
+        # The keys and values it stored are the chain's to bf16's rounding (a unit or two in the last place).
+        assert (storage.float() - chain_cache.float()).abs().max() < 0.1
+        chain_errors.append((chain - truth).abs().mean().item())
+        one_call_errors.append((logits - truth).abs().mean().item())
+        storage.copy_(chain_cache)
+        code = truth.argmax(-1)
+    assert sum(one_call_errors) <= 1.1 * sum(chain_errors)
+
+
+def test_one_call_replays_in_a_cuda_graph_and_serves_the_runners_single_stream() -> None:
+    model = load_model("random:tiny-custom_voice", LoadOptions(device=DEVICE, dtype=torch.bfloat16))
+    config = EngineConfig(max_running=4, block_size=16, num_kv_blocks=64, max_positions_per_request=256,
+                          graph_batch_sizes=(1, 2))
+    runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
+    one_call = runner.sampler.predictor_call
+    assert isinstance(one_call, PredictorPass)
+    assert one_call.applies_to(1) and not one_call.applies_to(2)
+    with torch.inference_mode():
+        assert_captured_call_replays_as_called(one_call, model.config.talker.layers.hidden_size)
+
+
+def assert_captured_call_replays_as_called(one_call: PredictorPass, input_size: int) -> None:
+    inputs = torch.zeros(1, input_size, dtype=torch.bfloat16, device=DEVICE)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        one_call.logits(3, inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = one_call.logits(3, inputs)
+    generator = torch.Generator(device=DEVICE).manual_seed(1)
+    for _ in range(2):
+        inputs.copy_(torch.randn(inputs.shape, generator=generator, device=DEVICE))
+        graph.replay()
+        replayed = captured.clone()
+        assert torch.equal(replayed, one_call.logits(3, inputs))

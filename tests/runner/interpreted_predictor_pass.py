@@ -1,0 +1,56 @@
+"""Checks of the one-kernel predictor call for Triton's interpreter, which must be on before Triton is imported
+(its own library functions are kernels too): `test_predictor_pass` runs them in a fresh interpreter process with
+TRITON_INTERPRET=1. One program runs, so the kernel's grid-wide barriers pass at once."""
+
+from __future__ import annotations
+
+import torch
+
+from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.talker import Talker
+from tts_service.runner.frame_codes import predictor_hidden
+from tts_service.runner.frame_step import PredictorCache
+from tts_service.runner.kv_cache import PagedKVCache
+from tts_service.runner.predictor_pass import PredictorPass
+
+CPU = torch.device("cpu")
+
+
+def packed_talker() -> Talker:
+    talker = load_model("random:tiny-custom_voice", LoadOptions(device=CPU, dtype=torch.float32)).talker
+    for layer in talker.code_predictor.model.layers:
+        layer.self_attn.pack_projections()
+        layer.mlp.pack_projections()
+    return talker
+
+
+@torch.inference_mode()
+def check_one_call_matches_the_layer_chain(batch: int) -> None:
+    """In fp32, where only the order of each sum may differ: the chain's logits for codebooks 2-4, and the chain's
+    keys and values stored at each codebook's position."""
+    talker = packed_talker()
+    predictor = talker.code_predictor
+    shape = talker.config.code_predictor
+    num_groups = talker.config.num_code_groups
+    paged = PagedKVCache(shape.num_hidden_layers, batch, num_groups, shape.num_key_value_heads, shape.head_dim,
+                         torch.float32, CPU)
+    one_call = PredictorPass(talker, paged.storage, num_programs=1)
+    memory = PredictorCache(talker, batch, torch.float32, CPU)
+    rope = predictor.rope_table(num_groups, torch.float32)
+    generator = torch.Generator().manual_seed(batch)
+    hidden = torch.randn(batch, talker.config.layers.hidden_size, generator=generator)
+    code = torch.randint(0, shape.vocab_size, (batch,), generator=generator)
+    inputs = torch.stack([hidden, talker.embed_codec(code)], dim=1)
+    code = predictor.logits(1, predictor_hidden(talker, 1, inputs, rope, memory)).argmax(-1)
+    for codebook in (2, 3, 4):
+        # The paged layout holds what the chain's memory holds for the positions before this one.
+        paged.storage[:, 0, :batch, :codebook] = memory.keys[:, :batch, :, :codebook].transpose(2, 3)
+        paged.storage[:, 1, :batch, :codebook] = memory.values[:, :batch, :, :codebook].transpose(2, 3)
+        previous = predictor.embed(codebook - 1, code)
+        chain = predictor.logits(codebook, predictor_hidden(talker, codebook, previous[:, None], rope, memory))
+        logits = one_call.logits(codebook, previous)
+        torch.testing.assert_close(logits, chain, rtol=1e-5, atol=1e-6)
+        for kind, held in ((0, memory.keys), (1, memory.values)):
+            torch.testing.assert_close(paged.storage[:, kind, :batch, codebook], held[:, :batch, :, codebook],
+                                       rtol=1e-5, atol=1e-6)
+        code = chain.argmax(-1)

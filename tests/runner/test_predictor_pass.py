@@ -1,0 +1,53 @@
+"""The one-kernel predictor call: its results on the CPU through Triton's interpreter (in a process of its own,
+see `interpreted_predictor_pass`), and what it does to the predictor's modules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.runner.predictor_pass import PredictorPass
+
+pytest.importorskip("triton")
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_one_call_gives_the_layer_chains_logits_and_stores_its_keys_and_values(batch: int) -> None:
+    code = ("from tests.runner.interpreted_predictor_pass import check_one_call_matches_the_layer_chain; "
+            f"check_one_call_matches_the_layer_chain({batch})")
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@torch.inference_mode()
+def test_stacking_the_weights_leaves_the_modules_reading_the_same_values_in_place() -> None:
+    talker = load_model("random:tiny-custom_voice", LoadOptions(device=CPU, dtype=torch.float32)).talker
+    predictor = talker.code_predictor
+    for layer in predictor.model.layers:
+        layer.self_attn.pack_projections()
+        layer.mlp.pack_projections()
+    layer = predictor.model.layers[1]
+    before = {name: tensor.clone() for name, tensor in predictor.state_dict().items()}
+    one_call = PredictorPass(talker, torch.zeros(1), num_programs=1)
+    after = predictor.state_dict()
+    assert all(torch.equal(after[name], value) for name, value in before.items())
+    v_rows = layer.self_attn.v_proj.out_features
+    assert layer.self_attn.v_proj.weight.data_ptr() == one_call.qkv[1, -v_rows:].data_ptr()
+    assert layer.self_attn.qkv_weight.data_ptr() == one_call.qkv[1].data_ptr()
+    assert layer.mlp.down_proj.weight.data_ptr() == one_call.down[1].data_ptr()
+    assert predictor.lm_head[4].weight.data_ptr() == one_call.heads[4].data_ptr()
+
+
+def test_the_kernel_serves_only_half_precision_on_cuda() -> None:
+    talker = load_model("random:tiny-custom_voice", LoadOptions(device=CPU, dtype=torch.float32)).talker
+    assert not PredictorPass.applies(talker, torch.bfloat16, CPU)
+    assert not PredictorPass.applies(talker, torch.float32, torch.device("cuda"))
+    assert PredictorPass.applies(talker, torch.bfloat16, torch.device("cuda"))

@@ -1,0 +1,482 @@
+"""The code predictor's call for one codebook at batch 1, as one persistent kernel.
+
+A codebook's pass through the predictor's five layers is about fifty kernels (per layer two norms, four
+projections, q/k norm with RoPE, attention, SiLU), each too small to keep the memory busy: at 1.7B on an H100 the
+pass takes about 200 us where its weights (about 165 MB) would stream in some 55 us, and a frame runs it 15 times.
+Here one program per SM walks the whole pass (the input projection; per layer q/k/v, attention, o, gate/up,
+down; the final norm and the codebook's head), each phase's rows shared out over every program, the phases
+separated by grid-wide barriers. Each barrier is split: a program arrives, loads the weights its next phase opens
+with (they depend on no other program), then waits. The barrier needs every program resident at once: one per SM
+is (its 8 warps take 211 registers a thread, which leaves no room for a second), once the SMs' other work (the
+codec, on its own stream) drains. The call takes about 150 us (BENCHMARKS.md, session 17), a fifth of it in the
+26 barriers.
+
+Rounding follows the eager chain as the other fused kernels do: each tensor the eager chain writes is rounded to
+the activation dtype where it writes it (the normalised input, the weighted input, each projection's output, the
+residual sums, the rotated q/k, the attention probabilities before they weight the values, SiLU's output). Only the
+fp32 sums inside a projection, a norm or the attention run in another order, as cuBLAS's choice of kernel does.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from tts_service.model.talker import Talker
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+
+# The largest batch the engine hands the kernel (it computes up to 4 rows correctly). Measured on an H100
+# (BENCHMARKS.md, session 17), codebooks 2-15 at 1.7B: 2.09 ms against the chain's 2.83 at one row, even at two,
+# slower at four (3.90 against 2.88), where each row's reductions add up and the chain's projections are no longer
+# starved of work. Larger batches keep the chain.
+MAX_BATCH = 1
+# Rows the kernel's scratch holds, and so the most it computes in one call.
+MAX_ROWS = 4
+_LOG2_E = 1.4426950408889634
+# Rows of a projection one program reduces at a time, and the most of the input it reads per load.
+_TILE_ROWS = 8
+_MAX_CHUNK = 1024
+
+
+def stack_parameters(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One contiguous [N, ...] tensor holding `tensors`, each of which becomes a view of its slice (no second copy
+    of the weights; the modules still read the same values)."""
+    stacked = torch.stack([tensor.detach() for tensor in tensors])
+    for index, tensor in enumerate(tensors):
+        tensor.data = stacked[index]
+    return stacked
+
+
+class PredictorPass:
+    """The code predictor's weights stacked per kind and the scratch its kernel shares between phases. Built once
+    per runner; `logits` is capturable in a CUDA graph (all its tensors keep their addresses)."""
+
+    def __init__(self, talker: Talker, cache_storage: torch.Tensor, tile_rows: int = _TILE_ROWS,
+                 num_warps: int = 8, num_programs: int | None = None) -> None:
+        predictor = talker.code_predictor
+        shape = talker.config.code_predictor
+        layers = list(predictor.model.layers)
+        attention = [layer.self_attn for layer in layers]
+        mlps = [layer.mlp for layer in layers]
+        if any(a.qkv_weight is None for a in attention) or any(m.gate_up_weight is None for m in mlps):
+            raise ValueError("the predictor's projections must be packed (use_fused_kernels) first")
+        self.hidden_size = shape.hidden_size
+        self.num_heads, self.num_kv_heads, self.head_dim = (shape.num_attention_heads, shape.num_key_value_heads,
+                                                            shape.head_dim)
+        self.intermediate_size = shape.intermediate_size
+        self.vocab_size = shape.vocab_size
+        self.num_layers = len(layers)
+        self.eps = shape.rms_norm_eps
+        self.input_size = talker.config.layers.hidden_size
+        self.cache_storage = cache_storage
+        with torch.no_grad():
+            self.input_norms = stack_parameters([layer.input_layernorm.weight for layer in layers])
+            self.qkv = _stack_packed(attention, "qkv_weight", ("q_proj", "k_proj", "v_proj"))
+            self.q_norms = stack_parameters([a.q_norm.weight for a in attention])
+            self.k_norms = stack_parameters([a.k_norm.weight for a in attention])
+            self.o = stack_parameters([a.o_proj.weight for a in attention])
+            self.post_norms = stack_parameters([layer.post_attention_layernorm.weight for layer in layers])
+            self.gate_up = _stack_packed(mlps, "gate_up_weight", ("gate_proj", "up_proj"))
+            self.down = stack_parameters([m.down_proj.weight for m in mlps])
+            self.heads = stack_parameters([head.weight for head in predictor.lm_head])
+        self.final_norm = predictor.model.norm.weight
+        projection = predictor.small_to_mtp_projection
+        self.projection = projection if isinstance(projection, nn.Linear) else None
+        dtype, device = self.o.dtype, self.o.device
+        self.rope_cos, self.rope_sin = (table[0].contiguous()
+                                        for table in predictor.rope_table(talker.config.num_code_groups, dtype))
+        self.hidden = torch.zeros(MAX_ROWS, self.hidden_size, dtype=dtype, device=device)
+        self.qkv_out = torch.zeros(MAX_ROWS, self.qkv.shape[1], dtype=dtype, device=device)
+        self.attention_out = torch.zeros(MAX_ROWS, self.num_heads * self.head_dim, dtype=dtype, device=device)
+        self.activations = torch.zeros(MAX_ROWS, self.intermediate_size, dtype=dtype, device=device)
+        self.logits_out = torch.zeros(MAX_ROWS, self.vocab_size, dtype=torch.float32, device=device)
+        self.arrivals = torch.zeros(1, dtype=torch.int32, device=device)
+        # One program per SM: all resident at once, which the grid-wide barrier needs.
+        self.num_programs = num_programs or torch.cuda.get_device_properties(device).multi_processor_count
+        self.tile_rows, self.num_warps = tile_rows, num_warps
+        self.chunk = _chunk(self.input_size, self.hidden_size, self.intermediate_size,
+                            self.num_heads * self.head_dim)
+
+    @staticmethod
+    def applies(talker: Talker, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether the kernel serves this predictor: CUDA with Triton, half precision, and shapes its tiles cover."""
+        shape = talker.config.code_predictor
+        group = shape.num_attention_heads // max(1, shape.num_key_value_heads)
+        rows = (shape.hidden_size, shape.intermediate_size, shape.vocab_size,
+                (shape.num_attention_heads + 2 * shape.num_key_value_heads) * shape.head_dim)
+        return (triton is not None and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+                and _chunk(shape.hidden_size, talker.config.layers.hidden_size, shape.intermediate_size,
+                           shape.num_attention_heads * shape.head_dim) >= 16
+                and all(size % _TILE_ROWS == 0 for size in rows)
+                and _is_power_of_two(shape.head_dim) and _is_power_of_two(group) and _is_power_of_two(shape.hidden_size)
+                and shape.num_attention_heads % shape.num_key_value_heads == 0)
+
+    def applies_to(self, batch: int) -> bool:
+        return 1 <= batch <= MAX_BATCH
+
+    def logits(self, codebook: int, inputs: torch.Tensor) -> torch.Tensor:
+        """The head's logits [B, V] (fp32 holding the activation dtype's values, as `.float()` of the eager
+        logits) for `codebook` >= 2, whose `inputs` [B, talker width] are the previous codebook's embedding at
+        position `codebook`; stores that position's keys and values in the cache as the layers' attention does."""
+        batch = inputs.shape[0]
+        if not 2 <= codebook < self.rope_cos.shape[0] or not 1 <= batch <= MAX_ROWS:
+            raise ValueError(f"codebook {codebook} at batch {batch} is outside the kernel's range")
+        inputs = inputs.contiguous()
+        cache = self.cache_storage
+        projection = self.projection
+        self.arrivals.zero_()
+        _predictor_pass_kernel[(self.num_programs,)](
+            inputs, projection.weight if projection is not None else inputs,
+            projection.bias if projection is not None else inputs,
+            self.input_norms, self.qkv, self.q_norms, self.k_norms, self.o, self.post_norms, self.gate_up, self.down,
+            self.final_norm, self.heads[codebook - 1], self.rope_cos[codebook], self.rope_sin[codebook],
+            cache, cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
+            self.hidden, self.qkv_out, self.attention_out, self.activations, self.logits_out, self.arrivals,
+            batch, codebook, self.eps, _LOG2_E / math.sqrt(self.head_dim),
+            INPUT_SIZE=self.input_size, HIDDEN=self.hidden_size, NUM_HEADS=self.num_heads,
+            NUM_KV_HEADS=self.num_kv_heads, HEAD_DIM=self.head_dim, INTERMEDIATE=self.intermediate_size,
+            VOCAB=self.vocab_size, NUM_LAYERS=self.num_layers, HAS_PROJECTION=projection is not None,
+            HAS_BIAS=projection is not None and projection.bias is not None,
+            BLOCK_B=_block_batch(batch), BLOCK_T=_next_power_of_two(self.rope_cos.shape[0]),
+            TILE_ROWS=self.tile_rows, CHUNK=self.chunk, num_warps=self.num_warps, enable_fp_fusion=False)
+        return self.logits_out[:batch]
+
+
+def _stack_packed(modules: list[nn.Module], packed_name: str, parts: tuple[str, ...]) -> torch.Tensor:
+    """Stack each module's packed weight, and re-point the packed buffer and its parts' weights into the stack."""
+    stacked = torch.stack([getattr(module, packed_name) for module in modules])
+    for index, module in enumerate(modules):
+        setattr(module, packed_name, stacked[index])
+        start = 0
+        for part in parts:
+            weight = getattr(module, part).weight
+            rows = weight.shape[0]
+            weight.data = stacked[index, start:start + rows]
+            start += rows
+    return stacked
+
+
+def _chunk(*widths: int) -> int:
+    """The longest span, a power of two up to _MAX_CHUNK, that divides every input width a projection reads."""
+    chunk = _MAX_CHUNK
+    while chunk > 1 and any(width % chunk for width in widths):
+        chunk //= 2
+    return chunk
+
+
+def _is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def _next_power_of_two(value: int) -> int:
+    return 1 << (value - 1).bit_length()
+
+
+def _block_batch(batch: int) -> int:
+    return _next_power_of_two(batch)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _arrive(arrivals_ptr):
+        """This program's writes so far are done: count it in (released, so whoever sees the count sees them)."""
+        tl.debug_barrier()
+        tl.atomic_add(arrivals_ptr, 1, sem="release", scope="gpu")
+
+    @triton.jit
+    def _wait(arrivals_ptr, target):
+        """Wait until `target` arrivals are counted: every program's writes before them are then seen here (read
+        through L2 with `.cg`, since an SM's L1 may hold a line another SM has since written)."""
+        seen = tl.load(arrivals_ptr, volatile=True)
+        while seen < target:
+            seen = tl.load(arrivals_ptr, volatile=True)
+        tl.atomic_add(arrivals_ptr, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+
+    @triton.jit
+    def _first_chunk(w_ptr, program, num_rows: tl.constexpr, K: tl.constexpr, TILE_ROWS: tl.constexpr,
+                     CHUNK: tl.constexpr):
+        """The first CHUNK columns of this program's first tile of w [num_rows, K] (zeros past its rows), loaded
+        before the barrier that precedes the phase: weights need no barrier, so their latency hides its wait."""
+        rows = program * TILE_ROWS + tl.arange(0, TILE_ROWS)
+        cols = tl.arange(0, CHUNK)
+        return tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=rows[:, None] < num_rows,
+                       other=0.0, eviction_policy="evict_first")
+
+    @triton.jit
+    def _inverse_rms(x_ptr, batch, eps, WIDTH: tl.constexpr, BLOCK_B: tl.constexpr):
+        """1 / rms of each of the first `batch` rows of x [*, WIDTH] -> [BLOCK_B] fp32."""
+        rows = tl.arange(0, BLOCK_B)
+        cols = tl.arange(0, WIDTH)
+        x = tl.load(x_ptr + rows[:, None] * WIDTH + cols[None, :], mask=rows[:, None] < batch, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+        return tl.rsqrt(tl.sum(x * x, axis=1) / WIDTH + eps)
+
+    @triton.jit
+    def _project_tile(w_ptr, row0, x_ptr, x_stride, batch, inverse_rms, norm_ptr, first, K: tl.constexpr,
+                      HAS_NORM: tl.constexpr, HAS_FIRST: tl.constexpr, BLOCK_B: tl.constexpr,
+                      TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
+        """x [B, K] (RMS-normalised and weighted first, when HAS_NORM, rounding as the norm kernel does) times
+        rows row0.. of w [*, K] -> [BLOCK_B, TILE_ROWS] fp32 sums. With HAS_FIRST, `first` holds the tile's first
+        chunk of w, loaded already."""
+        dtype = w_ptr.dtype.element_ty
+        rows = row0 + tl.arange(0, TILE_ROWS)
+        batch_rows = tl.arange(0, BLOCK_B)
+        acc = tl.zeros([BLOCK_B, TILE_ROWS], tl.float32)
+        for start in tl.static_range(0, K, CHUNK):
+            cols = start + tl.arange(0, CHUNK)
+            if HAS_FIRST and start == 0:
+                w = first.to(tl.float32)
+            else:
+                w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
+                            eviction_policy="evict_first").to(tl.float32)
+            if HAS_NORM:
+                norm_weight = tl.load(norm_ptr + cols).to(tl.float32)
+            for b in tl.static_range(BLOCK_B):
+                x = tl.load(x_ptr + b * x_stride + cols, mask=tl.full([CHUNK], b, tl.int32) < batch, other=0.0,
+                            cache_modifier=".cg").to(tl.float32)
+                if HAS_NORM:
+                    row_inverse = tl.sum(tl.where(batch_rows == b, inverse_rms, 0.0), axis=0)
+                    x = ((x * row_inverse).to(dtype).to(tl.float32) * norm_weight).to(dtype).to(tl.float32)
+                part = tl.sum(w * x[None, :], axis=1)
+                acc += tl.where(batch_rows[:, None] == b, part[None, :], 0.0)
+        return acc
+
+    @triton.jit
+    def _store_rows(out_ptr, row0, values, batch, WIDTH: tl.constexpr, BLOCK_B: tl.constexpr,
+                    TILE_ROWS: tl.constexpr):
+        batch_rows = tl.arange(0, BLOCK_B)
+        rows = row0 + tl.arange(0, TILE_ROWS)
+        tl.store(out_ptr + batch_rows[:, None] * WIDTH + rows[None, :], values, mask=batch_rows[:, None] < batch)
+
+    @triton.jit
+    def _add_to_hidden(hidden_ptr, row0, acc, batch, HIDDEN: tl.constexpr, BLOCK_B: tl.constexpr,
+                       TILE_ROWS: tl.constexpr):
+        """hidden[:, row0..] += acc, each rounded first as a separate projection's output and sum are."""
+        dtype = hidden_ptr.dtype.element_ty
+        rows = row0 + tl.arange(0, TILE_ROWS)
+        batch_rows = tl.arange(0, BLOCK_B)
+        addresses = hidden_ptr + batch_rows[:, None] * HIDDEN + rows[None, :]
+        mask = batch_rows[:, None] < batch
+        held = tl.load(addresses, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(addresses, (held + acc.to(dtype).to(tl.float32)).to(dtype), mask=mask)
+
+    @triton.jit
+    def _projection_phase(w_ptr, first, x_ptr, batch, inverse_rms, norm_ptr, out_ptr, program, num_programs,
+                          NUM_ROWS: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr, ADDS: tl.constexpr,
+                          BLOCK_B: tl.constexpr, TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
+        """out[:, rows] = x @ w[rows].T over this program's tiles (added into out, a [B, NUM_ROWS] residual
+        stream, when ADDS), the first tile from `first`."""
+        dtype = out_ptr.dtype.element_ty
+        if program < NUM_ROWS // TILE_ROWS:
+            row0 = program * TILE_ROWS
+            acc = _project_tile(w_ptr, row0, x_ptr, K, batch, inverse_rms, norm_ptr, first, K, HAS_NORM, True,
+                                BLOCK_B, TILE_ROWS, CHUNK)
+            if ADDS:
+                _add_to_hidden(out_ptr, row0, acc, batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
+            else:
+                _store_rows(out_ptr, row0, acc.to(dtype), batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
+        for tile in range(program + num_programs, NUM_ROWS // TILE_ROWS, num_programs):
+            row0 = tile * TILE_ROWS
+            acc = _project_tile(w_ptr, row0, x_ptr, K, batch, inverse_rms, norm_ptr, first, K, HAS_NORM, False,
+                                BLOCK_B, TILE_ROWS, CHUNK)
+            if ADDS:
+                _add_to_hidden(out_ptr, row0, acc, batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
+            else:
+                _store_rows(out_ptr, row0, acc.to(dtype), batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
+
+    @triton.jit
+    def _gate_up_tile(w_ptr, row0, first, hidden_ptr, batch, inverse_rms, norm_ptr, activations_ptr,
+                      HAS_FIRST: tl.constexpr, HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr,
+                      BLOCK_B: tl.constexpr, TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
+        """SiLU(gate) * up for intermediate rows row0.., rounded as the eager chain rounds each."""
+        dtype = hidden_ptr.dtype.element_ty
+        gate = _project_tile(w_ptr, row0, hidden_ptr, HIDDEN, batch, inverse_rms, norm_ptr, first, HIDDEN, True,
+                             HAS_FIRST, BLOCK_B, TILE_ROWS, CHUNK).to(dtype).to(tl.float32)
+        up = _project_tile(w_ptr, INTERMEDIATE + row0, hidden_ptr, HIDDEN, batch, inverse_rms, norm_ptr, first,
+                           HIDDEN, True, False, BLOCK_B, TILE_ROWS, CHUNK).to(dtype).to(tl.float32)
+        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        _store_rows(activations_ptr, row0, (activated * up).to(dtype), batch, INTERMEDIATE, BLOCK_B, TILE_ROWS)
+
+    @triton.jit
+    def _norm_rope(x, x_partner, weight, weight_partner, cos, sin, eps, HEAD_DIM: tl.constexpr,
+                   dtype: tl.constexpr):
+        """Per-head RMSNorm then RoPE of x [N, HEAD_DIM] (its rotate-half partner given), as `_norm_rope_row`."""
+        cols = tl.arange(0, HEAD_DIM)
+        inverse = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
+        normed = ((x * inverse).to(dtype).to(tl.float32) * weight[None, :]).to(dtype).to(tl.float32)
+        partner = ((x_partner * inverse).to(dtype).to(tl.float32) * weight_partner[None, :]).to(dtype).to(tl.float32)
+        rotated = tl.where(cols[None, :] < HEAD_DIM // 2, -partner, partner)
+        with_cos = (normed * cos[None, :]).to(dtype).to(tl.float32)
+        with_sin = (rotated * sin[None, :]).to(dtype).to(tl.float32)
+        return (with_cos + with_sin).to(dtype).to(tl.float32)
+
+    @triton.jit
+    def _attend(layer, row, kv_head, qkv_ptr, attention_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, cache_ptr,
+                stride_layer, stride_kv, stride_block, stride_slot, stride_head, position, eps, scale_log2,
+                NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BLOCK_T: tl.constexpr):
+        """One (row, kv head): its queries and key normalised and rotated, the key and value stored at `position`
+        of the row's block (block `row`, as the predictor's paged memory lays them out), and the group's queries
+        attended over positions 0..position, as the decode attention kernel computes them."""
+        dtype = qkv_ptr.dtype.element_ty
+        group: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+        qkv_width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+        cols = tl.arange(0, HEAD_DIM)
+        partner_cols = (cols + HEAD_DIM // 2) % HEAD_DIM
+        heads = kv_head * group + tl.arange(0, group)
+        base = qkv_ptr + row * qkv_width
+        cos = tl.load(cos_ptr + cols).to(tl.float32)
+        sin = tl.load(sin_ptr + cols).to(tl.float32)
+
+        q_norm = tl.load(q_norm_ptr + layer * HEAD_DIM + cols).to(tl.float32)
+        q_norm_partner = tl.load(q_norm_ptr + layer * HEAD_DIM + partner_cols).to(tl.float32)
+        q_rows = base + heads[:, None] * HEAD_DIM
+        query = _norm_rope(tl.load(q_rows + cols[None, :], cache_modifier=".cg").to(tl.float32),
+                           tl.load(q_rows + partner_cols[None, :], cache_modifier=".cg").to(tl.float32),
+                           q_norm, q_norm_partner, cos, sin, eps, HEAD_DIM, dtype)
+
+        k_norm = tl.load(k_norm_ptr + layer * HEAD_DIM + cols).to(tl.float32)
+        k_norm_partner = tl.load(k_norm_ptr + layer * HEAD_DIM + partner_cols).to(tl.float32)
+        k_row = base + NUM_HEADS * HEAD_DIM + kv_head * HEAD_DIM
+        new_key = _norm_rope(tl.load(k_row + cols[None, :], cache_modifier=".cg").to(tl.float32),
+                             tl.load(k_row + partner_cols[None, :], cache_modifier=".cg").to(tl.float32),
+                             k_norm, k_norm_partner, cos, sin, eps, HEAD_DIM, dtype)
+        new_value = tl.load(base + (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + kv_head * HEAD_DIM + cols[None, :],
+                            cache_modifier=".cg").to(tl.float32)
+
+        slots = tl.arange(0, BLOCK_T)
+        head_base = (tl.cast(stride_layer, tl.int64) * layer + tl.cast(row, tl.int64) * stride_block
+                     + kv_head * stride_head)
+        key_slots = cache_ptr + head_base + slots[:, None] * stride_slot + cols[None, :]
+        tl.store(cache_ptr + head_base + position * stride_slot + cols[None, :], new_key.to(dtype))
+        tl.store(cache_ptr + stride_kv + head_base + position * stride_slot + cols[None, :], new_value.to(dtype))
+        held = slots[:, None] < position
+        is_new = slots[:, None] == position
+        keys = tl.where(is_new, new_key, tl.load(key_slots, mask=held, other=0.0).to(tl.float32))
+        values = tl.where(is_new, new_value, tl.load(key_slots + stride_kv, mask=held, other=0.0).to(tl.float32))
+
+        scores = tl.sum(query[:, None, :] * keys[None, :, :], axis=2) * scale_log2
+        scores = tl.where(slots[None, :] <= position, scores, float("-inf"))
+        probabilities = tl.exp2(scores - tl.max(scores, axis=1)[:, None])
+        total = tl.sum(probabilities, axis=1)
+        weighted = probabilities.to(dtype).to(tl.float32)
+        out = tl.sum(weighted[:, :, None] * values[None, :, :], axis=1) / total[:, None]
+        tl.store(attention_ptr + row * (NUM_HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + cols[None, :],
+                 out.to(dtype))
+
+    @triton.jit
+    def _predictor_pass_kernel(
+            inputs_ptr, projection_ptr, projection_bias_ptr,
+            input_norms_ptr, qkv_ptr, q_norms_ptr, k_norms_ptr, o_ptr, post_norms_ptr, gate_up_ptr, down_ptr,
+            final_norm_ptr, head_ptr, cos_ptr, sin_ptr,
+            cache_ptr, stride_layer, stride_kv, stride_block, stride_slot, stride_head,
+            hidden_ptr, qkv_out_ptr, attention_ptr, activations_ptr, logits_ptr, arrivals_ptr,
+            batch, position, eps, scale_log2,
+            INPUT_SIZE: tl.constexpr, HIDDEN: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+            HEAD_DIM: tl.constexpr, INTERMEDIATE: tl.constexpr, VOCAB: tl.constexpr, NUM_LAYERS: tl.constexpr,
+            HAS_PROJECTION: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
+            TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
+        program = tl.program_id(0)
+        num_programs = tl.num_programs(0)
+        dtype = hidden_ptr.dtype.element_ty
+        batch_rows = tl.arange(0, BLOCK_B)
+        in_batch = batch_rows[:, None] < batch
+        qkv_width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+        attention_width: tl.constexpr = NUM_HEADS * HEAD_DIM
+        no_norm = tl.zeros([BLOCK_B], tl.float32)
+        arrived = 0
+
+        # The input: projected to the predictor's width (bias added before rounding, as the GEMM's epilogue does).
+        for tile in range(program, HIDDEN // TILE_ROWS, num_programs):
+            row0 = tile * TILE_ROWS
+            rows = row0 + tl.arange(0, TILE_ROWS)
+            if HAS_PROJECTION:
+                acc = _project_tile(projection_ptr, row0, inputs_ptr, INPUT_SIZE, batch, no_norm, projection_ptr,
+                                    no_norm, INPUT_SIZE, False, False, BLOCK_B, TILE_ROWS, CHUNK)
+                if HAS_BIAS:
+                    acc += tl.load(projection_bias_ptr + rows).to(tl.float32)[None, :]
+                value = acc.to(dtype)
+            else:
+                value = tl.load(inputs_ptr + batch_rows[:, None] * INPUT_SIZE + rows[None, :], mask=in_batch,
+                                other=0.0)
+            _store_rows(hidden_ptr, row0, value, batch, HIDDEN, BLOCK_B, TILE_ROWS)
+        # Each barrier is split: a program arrives, loads the weights that open its next phase, then waits.
+        _arrive(arrivals_ptr)
+        first = _first_chunk(qkv_ptr, program, qkv_width, HIDDEN, TILE_ROWS, CHUNK)
+        arrived += num_programs
+        _wait(arrivals_ptr, arrived)
+
+        # A loop, not unrolled: five copies of the layer would cost minutes of compilation for nothing.
+        for layer in range(NUM_LAYERS):
+            inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
+            _projection_phase(qkv_ptr + layer * qkv_width * HIDDEN, first, hidden_ptr, batch, inverse_rms,
+                              input_norms_ptr + layer * HIDDEN, qkv_out_ptr, program, num_programs, qkv_width, HIDDEN,
+                              True, False, BLOCK_B, TILE_ROWS, CHUNK)
+            _arrive(arrivals_ptr)
+            first = _first_chunk(o_ptr + layer * HIDDEN * attention_width, program, HIDDEN, attention_width,
+                                 TILE_ROWS, CHUNK)
+            arrived += num_programs
+            _wait(arrivals_ptr, arrived)
+
+            for item in range(program, batch * NUM_KV_HEADS, num_programs):
+                _attend(layer, item // NUM_KV_HEADS, item % NUM_KV_HEADS, qkv_out_ptr, attention_ptr, q_norms_ptr,
+                        k_norms_ptr, cos_ptr, sin_ptr, cache_ptr, stride_layer, stride_kv, stride_block, stride_slot,
+                        stride_head, position, eps, scale_log2, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_T)
+            _arrive(arrivals_ptr)
+            arrived += num_programs
+            _wait(arrivals_ptr, arrived)
+
+            _projection_phase(o_ptr + layer * HIDDEN * attention_width, first, attention_ptr, batch, no_norm, o_ptr,
+                              hidden_ptr, program, num_programs, HIDDEN, attention_width, False, True, BLOCK_B,
+                              TILE_ROWS, CHUNK)
+            _arrive(arrivals_ptr)
+            layer_gate_up = gate_up_ptr + layer * 2 * INTERMEDIATE * HIDDEN
+            first = _first_chunk(layer_gate_up, program, INTERMEDIATE, HIDDEN, TILE_ROWS, CHUNK)
+            arrived += num_programs
+            _wait(arrivals_ptr, arrived)
+
+            inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
+            post_norm = post_norms_ptr + layer * HIDDEN
+            if program < INTERMEDIATE // TILE_ROWS:
+                _gate_up_tile(layer_gate_up, program * TILE_ROWS, first, hidden_ptr, batch, inverse_rms, post_norm,
+                              activations_ptr, True, HIDDEN, INTERMEDIATE, BLOCK_B, TILE_ROWS, CHUNK)
+            for tile in range(program + num_programs, INTERMEDIATE // TILE_ROWS, num_programs):
+                _gate_up_tile(layer_gate_up, tile * TILE_ROWS, first, hidden_ptr, batch, inverse_rms, post_norm,
+                              activations_ptr, False, HIDDEN, INTERMEDIATE, BLOCK_B, TILE_ROWS, CHUNK)
+            _arrive(arrivals_ptr)
+            first = _first_chunk(down_ptr + layer * HIDDEN * INTERMEDIATE, program, HIDDEN, INTERMEDIATE, TILE_ROWS,
+                                 CHUNK)
+            arrived += num_programs
+            _wait(arrivals_ptr, arrived)
+
+            _projection_phase(down_ptr + layer * HIDDEN * INTERMEDIATE, first, activations_ptr, batch, no_norm,
+                              down_ptr, hidden_ptr, program, num_programs, HIDDEN, INTERMEDIATE, False, True, BLOCK_B,
+                              TILE_ROWS, CHUNK)
+            _arrive(arrivals_ptr)
+            if layer + 1 < NUM_LAYERS:
+                first = _first_chunk(qkv_ptr + (layer + 1) * qkv_width * HIDDEN, program, qkv_width, HIDDEN,
+                                     TILE_ROWS, CHUNK)
+            else:
+                first = _first_chunk(head_ptr, program, VOCAB, HIDDEN, TILE_ROWS, CHUNK)
+            arrived += num_programs
+            _wait(arrivals_ptr, arrived)
+
+        inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
+        if program < VOCAB // TILE_ROWS:
+            acc = _project_tile(head_ptr, program * TILE_ROWS, hidden_ptr, HIDDEN, batch, inverse_rms,
+                                final_norm_ptr, first, HIDDEN, True, True, BLOCK_B, TILE_ROWS, CHUNK)
+            _store_rows(logits_ptr, program * TILE_ROWS, acc.to(dtype).to(tl.float32), batch, VOCAB, BLOCK_B,
+                        TILE_ROWS)
+        for tile in range(program + num_programs, VOCAB // TILE_ROWS, num_programs):
+            acc = _project_tile(head_ptr, tile * TILE_ROWS, hidden_ptr, HIDDEN, batch, inverse_rms, final_norm_ptr,
+                                first, HIDDEN, True, False, BLOCK_B, TILE_ROWS, CHUNK)
+            _store_rows(logits_ptr, tile * TILE_ROWS, acc.to(dtype).to(tl.float32), batch, VOCAB, BLOCK_B,
+                        TILE_ROWS)
