@@ -1,4 +1,4 @@
-"""The code predictor's call for one codebook at batch 1, as one persistent kernel.
+"""The code predictor's call for one codebook at batch 1 or 2, as one persistent kernel.
 
 A codebook's pass through the predictor's five layers is about fifty kernels (per layer two norms, four
 projections, q/k norm with RoPE, attention, SiLU), each too small to keep the memory busy: at 1.7B on an H100 the
@@ -7,15 +7,16 @@ Here one program per SM walks the whole pass (the input projection; per layer q/
 down; the final norm and the codebook's head), each phase's rows shared out over every program, the phases
 separated by grid-wide barriers. Each barrier is split: a program arrives, loads the weights its next phase opens
 with (they depend on no other program), then waits. The barrier needs every program resident at once: one per SM
-is (its 8 warps take 211 registers a thread, which leaves no room for a second), once the SMs' other work (the
-codec, on its own stream) drains. The call takes about 150 us (BENCHMARKS.md, session 17), a fifth of it in the
-26 barriers.
+is (its 8 warps take 223 registers a thread, which leaves no room for a second), once the SMs' other work (the
+codec, on its own stream) drains. Within a phase a program loads each tile's weights before it reduces the tile
+before. The call takes about 148 us at one row (BENCHMARKS.md, session 17), a fifth of it in the 26 barriers.
 
 Rounding follows the eager chain as the other fused kernels do: each tensor the eager chain writes is rounded to
 the activation dtype where it writes it (the normalised input, the weighted input, each projection's output, the
 residual sums, the rotated q/k, the attention probabilities before they weight the values, SiLU's output). Only the
 fp32 sums inside a projection, a norm or the attention run in another order, as cuBLAS's choice of kernel does.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,11 +32,11 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     triton = None
 
-# The largest batch the engine hands the kernel (it computes up to 4 rows correctly). Measured on an H100
-# (BENCHMARKS.md, session 17), codebooks 2-15 at 1.7B: 2.09 ms against the chain's 2.83 at one row, even at two,
-# slower at four (3.90 against 2.88), where each row's reductions add up and the chain's projections are no longer
-# starved of work. Larger batches keep the chain.
-MAX_BATCH = 1
+# The largest batch the engine hands the kernel (it computes up to MAX_ROWS correctly). Measured on an H100
+# (BENCHMARKS.md, session 17, call 8), codebooks 2-15 at 1.7B: 2.07 ms against the layer chain's 2.84 at one row,
+# 2.55 against 2.85 at two, but 3.84 against 2.87 at four, where each row's reductions add up and the chain's
+# projections are no longer starved of work. Larger batches keep the chain.
+MAX_BATCH = 2
 # Rows the kernel's scratch holds, and so the most it computes in one call.
 MAX_ROWS = 4
 _LOG2_E = 1.4426950408889634
@@ -201,11 +202,11 @@ if triton is not None:
         tl.debug_barrier()
 
     @triton.jit
-    def _first_chunk(w_ptr, program, num_rows: tl.constexpr, K: tl.constexpr, TILE_ROWS: tl.constexpr,
-                     CHUNK: tl.constexpr):
-        """The first CHUNK columns of this program's first tile of w [num_rows, K] (zeros past its rows), loaded
-        before the barrier that precedes the phase: weights need no barrier, so their latency hides its wait."""
-        rows = program * TILE_ROWS + tl.arange(0, TILE_ROWS)
+    def _tile_chunk(w_ptr, tile, num_rows: tl.constexpr, K: tl.constexpr, TILE_ROWS: tl.constexpr,
+                    CHUNK: tl.constexpr):
+        """The first CHUNK columns of a tile of w [num_rows, K] (zeros past its rows: a tile this program does not
+        have). Loaded ahead, before a barrier or the tile before it is reduced, so that its latency hides theirs."""
+        rows = tile * TILE_ROWS + tl.arange(0, TILE_ROWS)
         cols = tl.arange(0, CHUNK)
         return tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=rows[:, None] < num_rows,
                        other=0.0, eviction_policy="evict_first")
@@ -271,39 +272,42 @@ if triton is not None:
     @triton.jit
     def _projection_phase(w_ptr, first, x_ptr, batch, inverse_rms, norm_ptr, out_ptr, program, num_programs,
                           NUM_ROWS: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr, ADDS: tl.constexpr,
-                          BLOCK_B: tl.constexpr, TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
-        """out[:, rows] = x @ w[rows].T over this program's tiles (added into out, a [B, NUM_ROWS] residual
-        stream, when ADDS), the first tile from `first`."""
-        dtype = out_ptr.dtype.element_ty
-        if program < NUM_ROWS // TILE_ROWS:
-            row0 = program * TILE_ROWS
-            acc = _project_tile(w_ptr, row0, x_ptr, K, batch, inverse_rms, norm_ptr, first, K, HAS_NORM, True,
-                                BLOCK_B, TILE_ROWS, CHUNK)
-            if ADDS:
-                _add_to_hidden(out_ptr, row0, acc, batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
-            else:
-                _store_rows(out_ptr, row0, acc.to(dtype), batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
-        for tile in range(program + num_programs, NUM_ROWS // TILE_ROWS, num_programs):
+                          value_dtype: tl.constexpr, BLOCK_B: tl.constexpr, TILE_ROWS: tl.constexpr,
+                          CHUNK: tl.constexpr):
+        """out[:, rows] = x @ w[rows].T, rounded to value_dtype, over this program's tiles (added into out, a
+        [B, NUM_ROWS] residual stream, when ADDS); `first` holds the first tile's first chunk."""
+        chunk = first
+        for tile in range(program, NUM_ROWS // TILE_ROWS, num_programs):
+            upcoming = _tile_chunk(w_ptr, tile + num_programs, NUM_ROWS, K, TILE_ROWS, CHUNK)
             row0 = tile * TILE_ROWS
-            acc = _project_tile(w_ptr, row0, x_ptr, K, batch, inverse_rms, norm_ptr, first, K, HAS_NORM, False,
+            acc = _project_tile(w_ptr, row0, x_ptr, K, batch, inverse_rms, norm_ptr, chunk, K, HAS_NORM, True,
                                 BLOCK_B, TILE_ROWS, CHUNK)
             if ADDS:
                 _add_to_hidden(out_ptr, row0, acc, batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
             else:
-                _store_rows(out_ptr, row0, acc.to(dtype), batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
+                _store_rows(out_ptr, row0, acc.to(value_dtype), batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
+            chunk = upcoming
 
     @triton.jit
-    def _gate_up_tile(w_ptr, row0, first, hidden_ptr, batch, inverse_rms, norm_ptr, activations_ptr,
-                      HAS_FIRST: tl.constexpr, HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr,
-                      BLOCK_B: tl.constexpr, TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
-        """SiLU(gate) * up for intermediate rows row0.., rounded as the eager chain rounds each."""
+    def _gate_up_phase(w_ptr, first, hidden_ptr, batch, inverse_rms, norm_ptr, activations_ptr, program,
+                       num_programs, HIDDEN: tl.constexpr, INTERMEDIATE: tl.constexpr, BLOCK_B: tl.constexpr,
+                       TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
+        """SiLU(gate) * up for this program's intermediate rows, rounded as the eager chain rounds each; `first`
+        holds the first tile's gate chunk, and each tile's up chunk and the next tile's gate chunk load before it
+        is reduced."""
         dtype = hidden_ptr.dtype.element_ty
-        gate = _project_tile(w_ptr, row0, hidden_ptr, HIDDEN, batch, inverse_rms, norm_ptr, first, HIDDEN, True,
-                             HAS_FIRST, BLOCK_B, TILE_ROWS, CHUNK).to(dtype).to(tl.float32)
-        up = _project_tile(w_ptr, INTERMEDIATE + row0, hidden_ptr, HIDDEN, batch, inverse_rms, norm_ptr, first,
-                           HIDDEN, True, False, BLOCK_B, TILE_ROWS, CHUNK).to(dtype).to(tl.float32)
-        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        _store_rows(activations_ptr, row0, (activated * up).to(dtype), batch, INTERMEDIATE, BLOCK_B, TILE_ROWS)
+        gate_chunk = first
+        for tile in range(program, INTERMEDIATE // TILE_ROWS, num_programs):
+            up_chunk = _tile_chunk(w_ptr + INTERMEDIATE * HIDDEN, tile, INTERMEDIATE, HIDDEN, TILE_ROWS, CHUNK)
+            upcoming = _tile_chunk(w_ptr, tile + num_programs, INTERMEDIATE, HIDDEN, TILE_ROWS, CHUNK)
+            row0 = tile * TILE_ROWS
+            gate = _project_tile(w_ptr, row0, hidden_ptr, HIDDEN, batch, inverse_rms, norm_ptr, gate_chunk, HIDDEN,
+                                 True, True, BLOCK_B, TILE_ROWS, CHUNK).to(dtype).to(tl.float32)
+            up = _project_tile(w_ptr, INTERMEDIATE + row0, hidden_ptr, HIDDEN, batch, inverse_rms, norm_ptr,
+                               up_chunk, HIDDEN, True, True, BLOCK_B, TILE_ROWS, CHUNK).to(dtype).to(tl.float32)
+            activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+            _store_rows(activations_ptr, row0, (activated * up).to(dtype), batch, INTERMEDIATE, BLOCK_B, TILE_ROWS)
+            gate_chunk = upcoming
 
     @triton.jit
     def _norm_rope(x, x_partner, weight, weight_partner, cos, sin, eps, HEAD_DIM: tl.constexpr,
@@ -410,7 +414,7 @@ if triton is not None:
             _store_rows(hidden_ptr, row0, value, batch, HIDDEN, BLOCK_B, TILE_ROWS)
         # Each barrier is split: a program arrives, loads the weights that open its next phase, then waits.
         _arrive(arrivals_ptr)
-        first = _first_chunk(qkv_ptr, program, qkv_width, HIDDEN, TILE_ROWS, CHUNK)
+        first = _tile_chunk(qkv_ptr, program, qkv_width, HIDDEN, TILE_ROWS, CHUNK)
         arrived += num_programs
         _wait(arrivals_ptr, arrived)
 
@@ -419,9 +423,9 @@ if triton is not None:
             inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
             _projection_phase(qkv_ptr + layer * qkv_width * HIDDEN, first, hidden_ptr, batch, inverse_rms,
                               input_norms_ptr + layer * HIDDEN, qkv_out_ptr, program, num_programs, qkv_width, HIDDEN,
-                              True, False, BLOCK_B, TILE_ROWS, CHUNK)
+                              True, False, dtype, BLOCK_B, TILE_ROWS, CHUNK)
             _arrive(arrivals_ptr)
-            first = _first_chunk(o_ptr + layer * HIDDEN * attention_width, program, HIDDEN, attention_width,
+            first = _tile_chunk(o_ptr + layer * HIDDEN * attention_width, program, HIDDEN, attention_width,
                                  TILE_ROWS, CHUNK)
             arrived += num_programs
             _wait(arrivals_ptr, arrived)
@@ -435,48 +439,36 @@ if triton is not None:
             _wait(arrivals_ptr, arrived)
 
             _projection_phase(o_ptr + layer * HIDDEN * attention_width, first, attention_ptr, batch, no_norm, o_ptr,
-                              hidden_ptr, program, num_programs, HIDDEN, attention_width, False, True, BLOCK_B,
+                              hidden_ptr, program, num_programs, HIDDEN, attention_width, False, True, dtype, BLOCK_B,
                               TILE_ROWS, CHUNK)
             _arrive(arrivals_ptr)
             layer_gate_up = gate_up_ptr + layer * 2 * INTERMEDIATE * HIDDEN
-            first = _first_chunk(layer_gate_up, program, INTERMEDIATE, HIDDEN, TILE_ROWS, CHUNK)
+            first = _tile_chunk(layer_gate_up, program, INTERMEDIATE, HIDDEN, TILE_ROWS, CHUNK)
             arrived += num_programs
             _wait(arrivals_ptr, arrived)
 
             inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
             post_norm = post_norms_ptr + layer * HIDDEN
-            if program < INTERMEDIATE // TILE_ROWS:
-                _gate_up_tile(layer_gate_up, program * TILE_ROWS, first, hidden_ptr, batch, inverse_rms, post_norm,
-                              activations_ptr, True, HIDDEN, INTERMEDIATE, BLOCK_B, TILE_ROWS, CHUNK)
-            for tile in range(program + num_programs, INTERMEDIATE // TILE_ROWS, num_programs):
-                _gate_up_tile(layer_gate_up, tile * TILE_ROWS, first, hidden_ptr, batch, inverse_rms, post_norm,
-                              activations_ptr, False, HIDDEN, INTERMEDIATE, BLOCK_B, TILE_ROWS, CHUNK)
+            _gate_up_phase(layer_gate_up, first, hidden_ptr, batch, inverse_rms, post_norm, activations_ptr, program,
+                           num_programs, HIDDEN, INTERMEDIATE, BLOCK_B, TILE_ROWS, CHUNK)
             _arrive(arrivals_ptr)
-            first = _first_chunk(down_ptr + layer * HIDDEN * INTERMEDIATE, program, HIDDEN, INTERMEDIATE, TILE_ROWS,
+            first = _tile_chunk(down_ptr + layer * HIDDEN * INTERMEDIATE, program, HIDDEN, INTERMEDIATE, TILE_ROWS,
                                  CHUNK)
             arrived += num_programs
             _wait(arrivals_ptr, arrived)
 
             _projection_phase(down_ptr + layer * HIDDEN * INTERMEDIATE, first, activations_ptr, batch, no_norm,
-                              down_ptr, hidden_ptr, program, num_programs, HIDDEN, INTERMEDIATE, False, True, BLOCK_B,
-                              TILE_ROWS, CHUNK)
+                              down_ptr, hidden_ptr, program, num_programs, HIDDEN, INTERMEDIATE, False, True, dtype,
+                              BLOCK_B, TILE_ROWS, CHUNK)
             _arrive(arrivals_ptr)
             if layer + 1 < NUM_LAYERS:
-                first = _first_chunk(qkv_ptr + (layer + 1) * qkv_width * HIDDEN, program, qkv_width, HIDDEN,
+                first = _tile_chunk(qkv_ptr + (layer + 1) * qkv_width * HIDDEN, program, qkv_width, HIDDEN,
                                      TILE_ROWS, CHUNK)
             else:
-                first = _first_chunk(head_ptr, program, VOCAB, HIDDEN, TILE_ROWS, CHUNK)
+                first = _tile_chunk(head_ptr, program, VOCAB, HIDDEN, TILE_ROWS, CHUNK)
             arrived += num_programs
             _wait(arrivals_ptr, arrived)
 
         inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
-        if program < VOCAB // TILE_ROWS:
-            acc = _project_tile(head_ptr, program * TILE_ROWS, hidden_ptr, HIDDEN, batch, inverse_rms,
-                                final_norm_ptr, first, HIDDEN, True, True, BLOCK_B, TILE_ROWS, CHUNK)
-            _store_rows(logits_ptr, program * TILE_ROWS, acc.to(dtype).to(tl.float32), batch, VOCAB, BLOCK_B,
-                        TILE_ROWS)
-        for tile in range(program + num_programs, VOCAB // TILE_ROWS, num_programs):
-            acc = _project_tile(head_ptr, tile * TILE_ROWS, hidden_ptr, HIDDEN, batch, inverse_rms, final_norm_ptr,
-                                first, HIDDEN, True, False, BLOCK_B, TILE_ROWS, CHUNK)
-            _store_rows(logits_ptr, tile * TILE_ROWS, acc.to(dtype).to(tl.float32), batch, VOCAB, BLOCK_B,
-                        TILE_ROWS)
+        _projection_phase(head_ptr, first, hidden_ptr, batch, inverse_rms, final_norm_ptr, logits_ptr, program,
+                          num_programs, VOCAB, HIDDEN, True, False, dtype, BLOCK_B, TILE_ROWS, CHUNK)
