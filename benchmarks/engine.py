@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-decodes-to-schedule-ahead", default="64",
                         help="from this many decodes a step, schedule the next while it runs; 'off': never "
                              "(the engine's option of that name)")
+    parser.add_argument("--no-predictor-kernel", action="store_true",
+                        help="keep the code predictor's layer chain at one and two streams as well")
     parser.add_argument("--requests-per-level", type=int, help="default: 2C (at least 8) at concurrency C")
     parser.add_argument("--seed", type=int, default=1, help="the load generator's seed (--workload loadgen)")
     args = parser.parse_args(argv)
@@ -242,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                                                max_positions_per_request=1024, profile_steps=args.profile_steps,
                                                codec_dtype=args.codec_dtype,
                                                codec_convolution_dtype=args.codec_convolution_dtype,
-                                               min_decodes_to_schedule_ahead=schedule_ahead, **schedule))
+                                               min_decodes_to_schedule_ahead=schedule_ahead,
+                                               use_predictor_kernel=not args.no_predictor_kernel, **schedule))
     startup_s = time.perf_counter() - started
     frame_s = 1.0 / model.speech_config.frame_rate_hz
     workload = bench_workload if args.workload == "bench" else functools.partial(loadgen_workload, seed=args.seed)

@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=300, help="KV positions held per row")
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--bandwidth-gbs", type=float, default=3000.0, help="memory bandwidth for the floor")
+    parser.add_argument("--no-predictor-kernel", action="store_true",
+                        help="keep the code predictor's layer chain at one and two rows as well")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         config = EngineConfig(max_running=max(batch_sizes), block_size=32,
                               num_kv_blocks=max(batch_sizes) * blocks_per_row,
-                              max_positions_per_request=blocks_per_row * 32, graph_batch_sizes=tuple(batch_sizes))
+                              max_positions_per_request=blocks_per_row * 32, graph_batch_sizes=tuple(batch_sizes),
+                              use_predictor_kernel=not args.no_predictor_kernel)
         runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
         capture_s = time.perf_counter() - started
         weights = weight_bytes_per_frame(runner)

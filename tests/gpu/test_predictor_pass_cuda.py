@@ -5,6 +5,7 @@ what the runner uses for one or two streams."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -87,6 +88,9 @@ def test_one_call_replays_in_a_cuda_graph_and_serves_the_runners_one_or_two_stre
     one_call = runner.sampler.predictor_call
     assert isinstance(one_call, PredictorPass)
     assert one_call.applies_to(1) and one_call.applies_to(2) and not one_call.applies_to(3)
+    without = ModelRunner(model, replace(config, use_predictor_kernel=False).runner_config(
+        model.speech_config.frame_rate_hz))
+    assert without.sampler.predictor_call is None
     with torch.inference_mode():
         assert_captured_call_replays_as_called(one_call, model.config.talker.layers.hidden_size)
 

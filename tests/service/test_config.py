@@ -89,7 +89,14 @@ def test_the_step_profiler_is_off_unless_a_flag_or_the_environment_turns_it_on()
         load_config([], {"QWEN3_TTS_PROFILE_STEPS": "maybe"})
 
 
-@pytest.mark.parametrize("name", ["QWEN3_TTS_ENGINE_PROCESS", "QWEN3_TTS_PROFILE_STEPS"])
+def test_the_predictor_kernel_is_on_unless_a_flag_or_the_environment_turns_it_off() -> None:
+    assert load_config([], {}).engine_config().use_predictor_kernel
+    assert not load_config(["--no-predictor-kernel"], {}).engine_config().use_predictor_kernel
+    assert not load_config([], {"QWEN3_TTS_PREDICTOR_KERNEL": "false"}).engine_config().use_predictor_kernel
+    assert load_config(["--predictor-kernel"], {"QWEN3_TTS_PREDICTOR_KERNEL": "0"}).predictor_kernel
+
+
+@pytest.mark.parametrize("name", ["QWEN3_TTS_ENGINE_PROCESS", "QWEN3_TTS_PROFILE_STEPS", "QWEN3_TTS_PREDICTOR_KERNEL"])
 def test_a_switch_in_the_environment_that_is_not_true_or_false_is_refused_naming_its_own_variable(name: str) -> None:
     with pytest.raises(ConfigError, match=f"^{name}: must be true or false"):
         load_config([], {name: "maybe"})

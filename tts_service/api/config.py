@@ -74,6 +74,9 @@ class ServerConfig:
     max_voices_per_caller: int = _ENGINE.max_voices_per_owner  # registered voices of one caller (API key)
     max_voice_bytes: int = _ENGINE.max_voice_bytes  # one registered voice, as stored
     profile_steps: bool = _ENGINE.profile_steps  # the step profiler: phase times into the metrics
+    # A code predictor call at one or two streams as one persistent kernel; off for a GPU share capped below its
+    # SM count (MPS's active-thread percentage).
+    predictor_kernel: bool = _ENGINE.use_predictor_kernel
     codec_dtype: str = _ENGINE.codec_dtype  # "float32" or "bfloat16" (faster; the reference's own bf16 error)
     # "auto" (float16 on CUDA), "float32" or "float16": a float32 codec's residual units' convolutions
     codec_convolution_dtype: str = _ENGINE.codec_convolution_dtype
@@ -177,7 +180,7 @@ class ServerConfig:
                             max_reference_audio_s=self.max_reference_audio_seconds,
                             max_unread_audio_s=self.max_unread_audio_seconds, num_kv_blocks=self.kv_blocks,
                             min_decodes_to_schedule_ahead=self.min_decodes_to_schedule_ahead,
-                            profile_steps=self.profile_steps,
+                            profile_steps=self.profile_steps, use_predictor_kernel=self.predictor_kernel,
                             codec_dtype=self.codec_dtype, codec_convolution_dtype=self.codec_convolution_dtype,
                             voice_store_dir=self.voice_store,
                             max_voices=self.max_voices, max_voices_per_owner=self.max_voices_per_caller,
@@ -280,6 +283,12 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                         default=_is_true(environ.get(env_name, str(defaults.profile_steps)), env_name),
                         help="time every engine step's phases (host and GPU) and the server's per-chunk work into "
                              f"the metrics (qwen3_tts_*_phase_seconds); off by default [env {env_name}]")
+    env_name = ENV_PREFIX + "PREDICTOR_KERNEL"
+    parser.add_argument("--predictor-kernel", action=argparse.BooleanOptionalAction,
+                        default=_is_true(environ.get(env_name, str(defaults.predictor_kernel)), env_name),
+                        help="at one or two streams, run each code predictor call as one persistent kernel (one "
+                             "program per SM, about a seventh off a frame); --no-predictor-kernel for a GPU share "
+                             f"capped below its SM count, such as MPS's active-thread percentage [env {env_name}]")
     return parser
 
 

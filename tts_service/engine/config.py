@@ -75,6 +75,9 @@ class EngineConfig:
     prefill_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256)
     use_cuda_graphs: bool = True
     use_fused_kernels: bool = True
+    # At one or two rows, each code predictor call as one persistent kernel (runner/predictor_pass.py), about a
+    # seventh off a frame; off on a GPU share capped below its SM count (MPS), where its programs cannot all run.
+    use_predictor_kernel: bool = True
     # -- the step profiler --
     profile_steps: bool = False  # host and device time per phase of every step, into stats and metrics
     # -- registered voices (Base models) --
@@ -124,6 +127,7 @@ class EngineConfig:
             max_positions_per_request=self.positions_per_request(frame_rate_hz), num_kv_blocks=self.num_kv_blocks,
             kv_memory_fraction=self.kv_memory_fraction, graph_batch_sizes=self.graph_batch_sizes,
             use_cuda_graphs=self.use_cuda_graphs, use_fused_kernels=self.use_fused_kernels,
+            use_predictor_kernel=self.use_predictor_kernel,
             codec_graph_chunk_sizes=self.codec_chunk_schedule,
             prefill_graph_batch_sizes=self.prefill_graph_batch_sizes,
             prefill_graph_lengths=self.prefill_graph_lengths, profile_steps=self.profile_steps)

@@ -20,6 +20,8 @@ class RunnerConfig:
     use_cuda_graphs: bool
     # The decoder layers' elementwise chains as single Triton kernels (CUDA only; see fused_ops).
     use_fused_kernels: bool
+    # With the fused kernels: a code predictor call at one or two rows as one persistent kernel (predictor_pass).
+    use_predictor_kernel: bool
     # Chunk lengths (frames) whose codec decode is captured, for every batch bucket; other
     # lengths (a stream's last chunk, a restart's context) run eagerly.
     codec_graph_chunk_sizes: tuple[int, ...]

@@ -8,7 +8,9 @@ down; the final norm and the codebook's head), each phase's rows shared out over
 separated by grid-wide barriers. Each barrier is split: a program arrives, loads the weights its next phase opens
 with (they depend on no other program), then waits. The barrier needs every program resident at once: one per SM
 is (its 8 warps take 223 registers a thread, which leaves no room for a second), once the SMs' other work (the
-codec, on its own stream) drains. Within a phase a program loads each tile's weights before it reduces the tile
+codec, on its own stream) drains. (A share of the GPU capped below its SM count, as MPS's active-thread
+percentage does, would leave some programs waiting for an SM that never frees: the kernel is not for such a
+share.) Within a phase a program loads each tile's weights before it reduces the tile
 before. The call takes about 148 us at one row (BENCHMARKS.md, session 17), a fifth of it in the 26 barriers.
 
 Rounding follows the eager chain as the other fused kernels do: each tensor the eager chain writes is rounded to
@@ -144,7 +146,7 @@ class PredictorPass:
             NUM_KV_HEADS=self.num_kv_heads, HEAD_DIM=self.head_dim, INTERMEDIATE=self.intermediate_size,
             VOCAB=self.vocab_size, NUM_LAYERS=self.num_layers, HAS_PROJECTION=projection is not None,
             HAS_BIAS=projection is not None and projection.bias is not None,
-            BLOCK_B=_block_batch(batch), BLOCK_T=_next_power_of_two(self.rope_cos.shape[0]),
+            BLOCK_B=_next_power_of_two(batch), BLOCK_T=_next_power_of_two(self.rope_cos.shape[0]),
             TILE_ROWS=self.tile_rows, CHUNK=self.chunk, num_warps=self.num_warps, enable_fp_fusion=False)
         return self.logits_out[:batch]
 
@@ -177,10 +179,6 @@ def _is_power_of_two(value: int) -> bool:
 
 def _next_power_of_two(value: int) -> int:
     return 1 << (value - 1).bit_length()
-
-
-def _block_batch(batch: int) -> int:
-    return _next_power_of_two(batch)
 
 
 if triton is not None:

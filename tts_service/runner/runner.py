@@ -218,8 +218,8 @@ class ModelRunner:
         self.state = SlotState.allocate(config.max_num_slots, talker_config.layers.vocab_size, self.num_groups,
                                         self.device)
         memory = predictor_memory(self.talker, max_batch, self.dtype, self.device, is_fused)
-        self.sampler = FrameSampler(self.talker, self.state, memory,
-                                    predictor_call(self.talker, memory, self.dtype, self.device))
+        one_call = predictor_call(self.talker, memory, self.dtype, self.device) if config.use_predictor_kernel else None
+        self.sampler = FrameSampler(self.talker, self.state, memory, one_call)
         self.kv_cache = PagedKVCache(talker_config.layers.num_hidden_layers, self._num_kv_blocks(),
                                      config.block_size, talker_config.layers.num_key_value_heads,
                                      talker_config.layers.head_dim, self.dtype, self.device)
