@@ -272,23 +272,22 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                                          "the event loop sooner under load")
     add("log-level", str.upper, f"one of {', '.join(LOG_LEVELS)}")
     add("log-format", str.lower, "json (one object per line, with request and trace ids) or text")
-    env_name = ENV_PREFIX + "ENGINE_PROCESS"
-    parser.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
-                        default=_is_true(environ.get(env_name, str(defaults.engine_process)), env_name),
-                        help="run the engine core (scheduler, model runner, GPU) in its own process beside the "
-                             "server's, so that gRPC's work never delays a step; --no-engine-process keeps one "
-                             f"process [env {env_name}]")
-    env_name = ENV_PREFIX + "PROFILE_STEPS"
-    parser.add_argument("--profile-steps", action=argparse.BooleanOptionalAction,
-                        default=_is_true(environ.get(env_name, str(defaults.profile_steps)), env_name),
-                        help="time every engine step's phases (host and GPU) and the server's per-chunk work into "
-                             f"the metrics (qwen3_tts_*_phase_seconds); off by default [env {env_name}]")
-    env_name = ENV_PREFIX + "PREDICTOR_KERNEL"
-    parser.add_argument("--predictor-kernel", action=argparse.BooleanOptionalAction,
-                        default=_is_true(environ.get(env_name, str(defaults.predictor_kernel)), env_name),
-                        help="at one or two streams, run each code predictor call as one persistent kernel (one "
-                             "program per SM, about a seventh off a frame); --no-predictor-kernel for a GPU share "
-                             f"capped below its SM count, such as MPS's active-thread percentage [env {env_name}]")
+    def add_switch(flag: str, help_text: str) -> None:
+        """An on/off flag (--x and --no-x) whose default the environment may set to true or false."""
+        name = flag.replace("-", "_")
+        env_name = ENV_PREFIX + name.upper()
+        parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction,
+                            default=_is_true(environ.get(env_name, str(getattr(defaults, name))), env_name),
+                            help=f"{help_text} [env {env_name}]")
+
+    add_switch("engine-process", "run the engine core (scheduler, model runner, GPU) in its own process beside the "
+                                 "server's, so that gRPC's work never delays a step; --no-engine-process keeps one "
+                                 "process")
+    add_switch("profile-steps", "time every engine step's phases (host and GPU) and the server's per-chunk work into "
+                                "the metrics (qwen3_tts_*_phase_seconds); off by default")
+    add_switch("predictor-kernel", "at one or two streams, run each code predictor call as one persistent kernel "
+                                   "(one program per SM, about a seventh off a frame); --no-predictor-kernel for a "
+                                   "GPU share capped below its SM count, such as MPS's active-thread percentage")
     return parser
 
 
