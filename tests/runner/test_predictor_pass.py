@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from tests.runner.interpreted_predictor_pass import packed_talker
 from tts_service.model.checkpoint import LoadOptions, load_model
 from tts_service.runner.predictor_pass import PredictorPass
 
@@ -29,11 +30,8 @@ def test_one_call_gives_the_layer_chains_logits_and_stores_its_keys_and_values(b
 
 @torch.inference_mode()
 def test_stacking_the_weights_leaves_the_modules_reading_the_same_values_in_place() -> None:
-    talker = load_model("random:tiny-custom_voice", LoadOptions(device=CPU, dtype=torch.float32)).talker
+    talker = packed_talker()
     predictor = talker.code_predictor
-    for layer in predictor.model.layers:
-        layer.self_attn.pack_projections()
-        layer.mlp.pack_projections()
     layer = predictor.model.layers[1]
     before = {name: tensor.clone() for name, tensor in predictor.state_dict().items()}
     one_call = PredictorPass(talker, torch.zeros(1), num_programs=1)
