@@ -256,16 +256,13 @@ if triton is not None:
         tl.store(out_ptr + batch_rows[:, None] * WIDTH + rows[None, :], values, mask=batch_rows[:, None] < batch)
 
     @triton.jit
-    def _add_to_hidden(hidden_ptr, row0, acc, batch, HIDDEN: tl.constexpr, BLOCK_B: tl.constexpr,
-                       TILE_ROWS: tl.constexpr):
-        """hidden[:, row0..] += acc, each rounded first as a separate projection's output and sum are."""
-        dtype = hidden_ptr.dtype.element_ty
+    def _held_rows(hidden_ptr, row0, batch, HIDDEN: tl.constexpr, BLOCK_B: tl.constexpr, TILE_ROWS: tl.constexpr):
+        """hidden[:, row0..] in fp32: the residual a tile's sums are added to (each rounded first, as a separate
+        projection's output is), loaded before the tile is reduced so that its round trip overlaps the weights'."""
         rows = row0 + tl.arange(0, TILE_ROWS)
         batch_rows = tl.arange(0, BLOCK_B)
-        addresses = hidden_ptr + batch_rows[:, None] * HIDDEN + rows[None, :]
-        mask = batch_rows[:, None] < batch
-        held = tl.load(addresses, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(addresses, (held + acc.to(dtype).to(tl.float32)).to(dtype), mask=mask)
+        return tl.load(hidden_ptr + batch_rows[:, None] * HIDDEN + rows[None, :], mask=batch_rows[:, None] < batch,
+                       other=0.0, cache_modifier=".cg").to(tl.float32)
 
     @triton.jit
     def _projection_phase(w_ptr, first, x_ptr, batch, inverse_rms, norm_ptr, out_ptr, program, num_programs,
@@ -273,15 +270,19 @@ if triton is not None:
                           value_dtype: tl.constexpr, BLOCK_B: tl.constexpr, TILE_ROWS: tl.constexpr,
                           CHUNK: tl.constexpr):
         """out[:, rows] = x @ w[rows].T, rounded to value_dtype, over this program's tiles (added into out, a
-        [B, NUM_ROWS] residual stream, when ADDS); `first` holds the first tile's first chunk."""
+        [B, NUM_ROWS] residual stream, when ADDS, rounding as a separate projection's output and sum do); `first`
+        holds the first tile's first chunk."""
         chunk = first
         for tile in range(program, NUM_ROWS // TILE_ROWS, num_programs):
             upcoming = _tile_chunk(w_ptr, tile + num_programs, NUM_ROWS, K, TILE_ROWS, CHUNK)
             row0 = tile * TILE_ROWS
+            if ADDS:
+                held = _held_rows(out_ptr, row0, batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
             acc = _project_tile(w_ptr, row0, x_ptr, K, batch, inverse_rms, norm_ptr, chunk, K, HAS_NORM, True,
                                 BLOCK_B, TILE_ROWS, CHUNK)
             if ADDS:
-                _add_to_hidden(out_ptr, row0, acc, batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
+                _store_rows(out_ptr, row0, (held + acc.to(value_dtype).to(tl.float32)).to(value_dtype), batch,
+                            NUM_ROWS, BLOCK_B, TILE_ROWS)
             else:
                 _store_rows(out_ptr, row0, acc.to(value_dtype), batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
             chunk = upcoming
@@ -337,6 +338,15 @@ if triton is not None:
         base = qkv_ptr + row * qkv_width
         cos = tl.load(cos_ptr + cols).to(tl.float32)
         sin = tl.load(sin_ptr + cols).to(tl.float32)
+        # The positions already held load first, beside q/k/v: they never include the one stored below, so
+        # their round trip need not wait for the stores.
+        slots = tl.arange(0, BLOCK_T)
+        head_base = (tl.cast(stride_layer, tl.int64) * layer + tl.cast(row, tl.int64) * stride_block
+                     + kv_head * stride_head)
+        key_slots = cache_ptr + head_base + slots[:, None] * stride_slot + cols[None, :]
+        held = slots[:, None] < position
+        held_keys = tl.load(key_slots, mask=held, other=0.0).to(tl.float32)
+        held_values = tl.load(key_slots + stride_kv, mask=held, other=0.0).to(tl.float32)
 
         q_norm = tl.load(q_norm_ptr + layer * HEAD_DIM + cols).to(tl.float32)
         q_norm_partner = tl.load(q_norm_ptr + layer * HEAD_DIM + partner_cols).to(tl.float32)
@@ -354,16 +364,11 @@ if triton is not None:
         new_value = tl.load(base + (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + kv_head * HEAD_DIM + cols[None, :],
                             cache_modifier=".cg").to(tl.float32)
 
-        slots = tl.arange(0, BLOCK_T)
-        head_base = (tl.cast(stride_layer, tl.int64) * layer + tl.cast(row, tl.int64) * stride_block
-                     + kv_head * stride_head)
-        key_slots = cache_ptr + head_base + slots[:, None] * stride_slot + cols[None, :]
         tl.store(cache_ptr + head_base + position * stride_slot + cols[None, :], new_key.to(dtype))
         tl.store(cache_ptr + stride_kv + head_base + position * stride_slot + cols[None, :], new_value.to(dtype))
-        held = slots[:, None] < position
         is_new = slots[:, None] == position
-        keys = tl.where(is_new, new_key, tl.load(key_slots, mask=held, other=0.0).to(tl.float32))
-        values = tl.where(is_new, new_value, tl.load(key_slots + stride_kv, mask=held, other=0.0).to(tl.float32))
+        keys = tl.where(is_new, new_key, held_keys)
+        values = tl.where(is_new, new_value, held_values)
 
         scores = tl.sum(query[:, None, :] * keys[None, :, :], axis=2) * scale_log2
         scores = tl.where(slots[None, :] <= position, scores, float("-inf"))
