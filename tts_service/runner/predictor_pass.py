@@ -7,11 +7,13 @@ Here one program per SM walks the whole pass (the input projection; per layer q/
 down; the final norm and the codebook's head), each phase's rows shared out over every program, the phases
 separated by grid-wide barriers. Each barrier is split: a program arrives, loads the weights its next phase opens
 with (they depend on no other program), then waits. The barrier needs every program resident at once: one per SM
-is (its 8 warps take 223 registers a thread, which leaves no room for a second), once the SMs' other work (the
-codec, on its own stream) drains. (A share of the GPU capped below its SM count, as MPS's active-thread
+is (its 8 warps take up to 250 registers a thread, which leaves no room for a second), once the SMs' other work
+(the codec, on its own stream) drains. (A share of the GPU capped below its SM count, as MPS's active-thread
 percentage does, would leave some programs waiting for an SM that never frees: the kernel is not for such a
-share.) Within a phase a program loads each tile's weights before it reduces the tile
-before. The call takes about 148 us at one row (BENCHMARKS.md, session 17), a fifth of it in the 26 barriers.
+share.) A program's tiles in a phase are few (one to four), so each round trip to memory it waits out shows:
+within a phase it loads each tile's weights before it reduces the tile before, and at one row it keeps two chunks
+in flight. The call takes about 140 us at one row (BENCHMARKS.md, sessions 17 and 18), a fifth of it in the 26
+barriers.
 
 Rounding follows the eager chain as the other fused kernels do: each tensor the eager chain writes is rounded to
 the activation dtype where it writes it (the normalised input, the weighted input, each projection's output, the
@@ -134,6 +136,10 @@ class PredictorPass:
         cache = self.cache_storage
         projection = self.projection
         self.arrivals.zero_()
+        # At one row a tile reduces quickly and the memory's round trips show: each program holds two chunks in
+        # flight outside gate/up (a fifth off o's phase, 1.7B codebooks 2-15 about 4% faster). At two rows the
+        # reductions hide one round trip and the second chunk's registers cost more than it saves (about 5% slower
+        # at 1.7B): BENCHMARKS.md, session 18.
         _predictor_pass_kernel[(self.num_programs,)](
             inputs, projection.weight if projection is not None else inputs,
             projection.bias if projection is not None else inputs,
@@ -147,7 +153,8 @@ class PredictorPass:
             VOCAB=self.vocab_size, NUM_LAYERS=self.num_layers, HAS_PROJECTION=projection is not None,
             HAS_BIAS=projection is not None and projection.bias is not None,
             BLOCK_B=_next_power_of_two(batch), BLOCK_T=_next_power_of_two(self.rope_cos.shape[0]),
-            TILE_ROWS=self.tile_rows, CHUNK=self.chunk, num_warps=self.num_warps, enable_fp_fusion=False)
+            TILE_ROWS=self.tile_rows, CHUNK=self.chunk, TWO_AHEAD=batch == 1, num_warps=self.num_warps,
+            enable_fp_fusion=False)
         return self.logits_out[:batch]
 
 
@@ -201,13 +208,29 @@ if triton is not None:
 
     @triton.jit
     def _tile_chunk(w_ptr, tile, num_rows: tl.constexpr, K: tl.constexpr, TILE_ROWS: tl.constexpr,
-                    CHUNK: tl.constexpr):
-        """The first CHUNK columns of a tile of w [num_rows, K] (zeros past its rows: a tile this program does not
-        have). Loaded ahead, before a barrier or the tile before it is reduced, so that its latency hides theirs."""
+                    CHUNK: tl.constexpr, START: tl.constexpr = 0):
+        """Columns START..START+CHUNK of a tile of w [num_rows, K] (zeros past its rows: a tile this program does
+        not have). Loaded ahead, before a barrier or the tile before it is reduced, so that its latency hides
+        theirs."""
         rows = tile * TILE_ROWS + tl.arange(0, TILE_ROWS)
-        cols = tl.arange(0, CHUNK)
+        cols = START + tl.arange(0, CHUNK)
         return tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=rows[:, None] < num_rows,
                        other=0.0, eviction_policy="evict_first")
+
+    @triton.jit
+    def _opening_chunks(w_ptr, tile, num_programs, num_rows: tl.constexpr, K: tl.constexpr,
+                        TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr, TWO_AHEAD: tl.constexpr):
+        """The chunks of w [num_rows, K] a program reduces first from `tile` on: the tile's first; with TWO_AHEAD
+        also the next, the tile's second chunk when its rows are wider than a chunk, else the next tile's (else
+        `second` is `first` again, unused)."""
+        first = _tile_chunk(w_ptr, tile, num_rows, K, TILE_ROWS, CHUNK)
+        if TWO_AHEAD and K > CHUNK:
+            second = _tile_chunk(w_ptr, tile, num_rows, K, TILE_ROWS, CHUNK, CHUNK)
+        elif TWO_AHEAD:
+            second = _tile_chunk(w_ptr, tile + num_programs, num_rows, K, TILE_ROWS, CHUNK)
+        else:
+            second = first
+        return first, second
 
     @triton.jit
     def _inverse_rms(x_ptr, batch, eps, WIDTH: tl.constexpr, BLOCK_B: tl.constexpr):
@@ -219,12 +242,12 @@ if triton is not None:
         return tl.rsqrt(tl.sum(x * x, axis=1) / WIDTH + eps)
 
     @triton.jit
-    def _project_tile(w_ptr, row0, x_ptr, x_stride, batch, inverse_rms, norm_ptr, first, K: tl.constexpr,
-                      HAS_NORM: tl.constexpr, HAS_FIRST: tl.constexpr, BLOCK_B: tl.constexpr,
-                      TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
+    def _project_tile(w_ptr, row0, x_ptr, x_stride, batch, inverse_rms, norm_ptr, first, second, K: tl.constexpr,
+                      HAS_NORM: tl.constexpr, HAS_FIRST: tl.constexpr, HAS_SECOND: tl.constexpr,
+                      BLOCK_B: tl.constexpr, TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
         """x [B, K] (RMS-normalised and weighted first, when HAS_NORM, rounding as the norm kernel does) times
         rows row0.. of w [*, K] -> [BLOCK_B, TILE_ROWS] fp32 sums. With HAS_FIRST, `first` holds the tile's first
-        chunk of w, loaded already."""
+        chunk of w, loaded already; with HAS_SECOND, `second` its second."""
         dtype = w_ptr.dtype.element_ty
         rows = row0 + tl.arange(0, TILE_ROWS)
         batch_rows = tl.arange(0, BLOCK_B)
@@ -233,6 +256,8 @@ if triton is not None:
             cols = start + tl.arange(0, CHUNK)
             if HAS_FIRST and start == 0:
                 w = first.to(tl.float32)
+            elif HAS_SECOND and start == CHUNK:
+                w = second.to(tl.float32)
             else:
                 w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
                             eviction_policy="evict_first").to(tl.float32)
@@ -265,27 +290,31 @@ if triton is not None:
                        other=0.0, cache_modifier=".cg").to(tl.float32)
 
     @triton.jit
-    def _projection_phase(w_ptr, first, x_ptr, batch, inverse_rms, norm_ptr, out_ptr, program, num_programs,
-                          NUM_ROWS: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr, ADDS: tl.constexpr,
-                          value_dtype: tl.constexpr, BLOCK_B: tl.constexpr, TILE_ROWS: tl.constexpr,
-                          CHUNK: tl.constexpr):
+    def _projection_phase(w_ptr, first, second, x_ptr, batch, inverse_rms, norm_ptr, out_ptr, program,
+                          num_programs, NUM_ROWS: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
+                          ADDS: tl.constexpr, value_dtype: tl.constexpr, BLOCK_B: tl.constexpr,
+                          TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr, TWO_AHEAD: tl.constexpr):
         """out[:, rows] = x @ w[rows].T, rounded to value_dtype, over this program's tiles (added into out, a
         [B, NUM_ROWS] residual stream, when ADDS, rounding as a separate projection's output and sum do); `first`
-        holds the first tile's first chunk."""
-        chunk = first
+        and `second` hold its `_opening_chunks`, and as many load before a tile is reduced."""
         for tile in range(program, NUM_ROWS // TILE_ROWS, num_programs):
-            upcoming = _tile_chunk(w_ptr, tile + num_programs, NUM_ROWS, K, TILE_ROWS, CHUNK)
+            if TWO_AHEAD and K == CHUNK:
+                upcoming_first = second
+                upcoming_second = _tile_chunk(w_ptr, tile + 2 * num_programs, NUM_ROWS, K, TILE_ROWS, CHUNK)
+            else:
+                upcoming_first, upcoming_second = _opening_chunks(w_ptr, tile + num_programs, num_programs, NUM_ROWS,
+                                                                  K, TILE_ROWS, CHUNK, TWO_AHEAD)
             row0 = tile * TILE_ROWS
             if ADDS:
                 held = _held_rows(out_ptr, row0, batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
-            acc = _project_tile(w_ptr, row0, x_ptr, K, batch, inverse_rms, norm_ptr, chunk, K, HAS_NORM, True,
-                                BLOCK_B, TILE_ROWS, CHUNK)
+            acc = _project_tile(w_ptr, row0, x_ptr, K, batch, inverse_rms, norm_ptr, first, second, K, HAS_NORM,
+                                True, TWO_AHEAD and K > CHUNK, BLOCK_B, TILE_ROWS, CHUNK)
             if ADDS:
                 _store_rows(out_ptr, row0, (held + acc.to(value_dtype).to(tl.float32)).to(value_dtype), batch,
                             NUM_ROWS, BLOCK_B, TILE_ROWS)
             else:
                 _store_rows(out_ptr, row0, acc.to(value_dtype), batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
-            chunk = upcoming
+            first, second = upcoming_first, upcoming_second
 
     @triton.jit
     def _gate_up_phase(w_ptr, first, hidden_ptr, batch, inverse_rms, norm_ptr, activations_ptr, program,
@@ -293,17 +322,18 @@ if triton is not None:
                        TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
         """SiLU(gate) * up for this program's intermediate rows, rounded as the eager chain rounds each; `first`
         holds the first tile's gate chunk, and each tile's up chunk and the next tile's gate chunk load before it
-        is reduced."""
+        is reduced (two in flight: holding the next tile's up rows as well measured slower, BENCHMARKS.md, session
+        18)."""
         dtype = hidden_ptr.dtype.element_ty
         gate_chunk = first
         for tile in range(program, INTERMEDIATE // TILE_ROWS, num_programs):
             up_chunk = _tile_chunk(w_ptr + INTERMEDIATE * HIDDEN, tile, INTERMEDIATE, HIDDEN, TILE_ROWS, CHUNK)
             upcoming = _tile_chunk(w_ptr, tile + num_programs, INTERMEDIATE, HIDDEN, TILE_ROWS, CHUNK)
             row0 = tile * TILE_ROWS
-            gate = _project_tile(w_ptr, row0, hidden_ptr, HIDDEN, batch, inverse_rms, norm_ptr, gate_chunk, HIDDEN,
-                                 True, True, BLOCK_B, TILE_ROWS, CHUNK).to(dtype).to(tl.float32)
-            up = _project_tile(w_ptr, INTERMEDIATE + row0, hidden_ptr, HIDDEN, batch, inverse_rms, norm_ptr,
-                               up_chunk, HIDDEN, True, True, BLOCK_B, TILE_ROWS, CHUNK).to(dtype).to(tl.float32)
+            gate = _project_tile(w_ptr, row0, hidden_ptr, HIDDEN, batch, inverse_rms, norm_ptr, gate_chunk, gate_chunk,
+                                 HIDDEN, True, True, False, BLOCK_B, TILE_ROWS, CHUNK).to(dtype).to(tl.float32)
+            up = _project_tile(w_ptr, INTERMEDIATE + row0, hidden_ptr, HIDDEN, batch, inverse_rms, norm_ptr, up_chunk,
+                               up_chunk, HIDDEN, True, True, False, BLOCK_B, TILE_ROWS, CHUNK).to(dtype).to(tl.float32)
             activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
             _store_rows(activations_ptr, row0, (activated * up).to(dtype), batch, INTERMEDIATE, BLOCK_B, TILE_ROWS)
             gate_chunk = upcoming
@@ -390,7 +420,7 @@ if triton is not None:
             INPUT_SIZE: tl.constexpr, HIDDEN: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
             HEAD_DIM: tl.constexpr, INTERMEDIATE: tl.constexpr, VOCAB: tl.constexpr, NUM_LAYERS: tl.constexpr,
             HAS_PROJECTION: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
-            TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
+            TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr, TWO_AHEAD: tl.constexpr):
         program = tl.program_id(0)
         num_programs = tl.num_programs(0)
         dtype = hidden_ptr.dtype.element_ty
@@ -407,7 +437,7 @@ if triton is not None:
             rows = row0 + tl.arange(0, TILE_ROWS)
             if HAS_PROJECTION:
                 acc = _project_tile(projection_ptr, row0, inputs_ptr, INPUT_SIZE, batch, no_norm, projection_ptr,
-                                    no_norm, INPUT_SIZE, False, False, BLOCK_B, TILE_ROWS, CHUNK)
+                                    no_norm, no_norm, INPUT_SIZE, False, False, False, BLOCK_B, TILE_ROWS, CHUNK)
                 if HAS_BIAS:
                     acc += tl.load(projection_bias_ptr + rows).to(tl.float32)[None, :]
                 value = acc.to(dtype)
@@ -417,19 +447,20 @@ if triton is not None:
             _store_rows(hidden_ptr, row0, value, batch, HIDDEN, BLOCK_B, TILE_ROWS)
         # Each barrier is split: a program arrives, loads the weights that open its next phase, then waits.
         _arrive(arrivals_ptr)
-        first = _tile_chunk(qkv_ptr, program, qkv_width, HIDDEN, TILE_ROWS, CHUNK)
+        first, second = _opening_chunks(qkv_ptr, program, num_programs, qkv_width, HIDDEN, TILE_ROWS, CHUNK,
+                                        TWO_AHEAD)
         arrived += num_programs
         _wait(arrivals_ptr, arrived)
 
         # A loop, not unrolled: five copies of the layer would cost minutes of compilation for nothing.
         for layer in range(NUM_LAYERS):
             inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
-            _projection_phase(qkv_ptr + layer * qkv_width * HIDDEN, first, hidden_ptr, batch, inverse_rms,
+            _projection_phase(qkv_ptr + layer * qkv_width * HIDDEN, first, second, hidden_ptr, batch, inverse_rms,
                               input_norms_ptr + layer * HIDDEN, qkv_out_ptr, program, num_programs, qkv_width, HIDDEN,
-                              True, False, dtype, BLOCK_B, TILE_ROWS, CHUNK)
+                              True, False, dtype, BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
             _arrive(arrivals_ptr)
-            first = _tile_chunk(o_ptr + layer * HIDDEN * attention_width, program, HIDDEN, attention_width,
-                                 TILE_ROWS, CHUNK)
+            first, second = _opening_chunks(o_ptr + layer * HIDDEN * attention_width, program, num_programs, HIDDEN,
+                                            attention_width, TILE_ROWS, CHUNK, TWO_AHEAD)
             arrived += num_programs
             _wait(arrivals_ptr, arrived)
 
@@ -441,9 +472,9 @@ if triton is not None:
             arrived += num_programs
             _wait(arrivals_ptr, arrived)
 
-            _projection_phase(o_ptr + layer * HIDDEN * attention_width, first, attention_ptr, batch, no_norm, o_ptr,
-                              hidden_ptr, program, num_programs, HIDDEN, attention_width, False, True, dtype, BLOCK_B,
-                              TILE_ROWS, CHUNK)
+            _projection_phase(o_ptr + layer * HIDDEN * attention_width, first, second, attention_ptr, batch, no_norm,
+                              o_ptr, hidden_ptr, program, num_programs, HIDDEN, attention_width, False, True, dtype,
+                              BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
             _arrive(arrivals_ptr)
             layer_gate_up = gate_up_ptr + layer * 2 * INTERMEDIATE * HIDDEN
             first = _tile_chunk(layer_gate_up, program, INTERMEDIATE, HIDDEN, TILE_ROWS, CHUNK)
@@ -455,23 +486,24 @@ if triton is not None:
             _gate_up_phase(layer_gate_up, first, hidden_ptr, batch, inverse_rms, post_norm, activations_ptr, program,
                            num_programs, HIDDEN, INTERMEDIATE, BLOCK_B, TILE_ROWS, CHUNK)
             _arrive(arrivals_ptr)
-            first = _tile_chunk(down_ptr + layer * HIDDEN * INTERMEDIATE, program, HIDDEN, INTERMEDIATE, TILE_ROWS,
-                                 CHUNK)
+            first, second = _opening_chunks(down_ptr + layer * HIDDEN * INTERMEDIATE, program, num_programs, HIDDEN,
+                                            INTERMEDIATE, TILE_ROWS, CHUNK, TWO_AHEAD)
             arrived += num_programs
             _wait(arrivals_ptr, arrived)
 
-            _projection_phase(down_ptr + layer * HIDDEN * INTERMEDIATE, first, activations_ptr, batch, no_norm,
+            _projection_phase(down_ptr + layer * HIDDEN * INTERMEDIATE, first, second, activations_ptr, batch, no_norm,
                               down_ptr, hidden_ptr, program, num_programs, HIDDEN, INTERMEDIATE, False, True, dtype,
-                              BLOCK_B, TILE_ROWS, CHUNK)
+                              BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
             _arrive(arrivals_ptr)
             if layer + 1 < NUM_LAYERS:
-                first = _tile_chunk(qkv_ptr + (layer + 1) * qkv_width * HIDDEN, program, qkv_width, HIDDEN,
-                                     TILE_ROWS, CHUNK)
+                first, second = _opening_chunks(qkv_ptr + (layer + 1) * qkv_width * HIDDEN, program, num_programs,
+                                                qkv_width, HIDDEN, TILE_ROWS, CHUNK, TWO_AHEAD)
             else:
-                first = _tile_chunk(head_ptr, program, VOCAB, HIDDEN, TILE_ROWS, CHUNK)
+                first, second = _opening_chunks(head_ptr, program, num_programs, VOCAB, HIDDEN, TILE_ROWS, CHUNK,
+                                                TWO_AHEAD)
             arrived += num_programs
             _wait(arrivals_ptr, arrived)
 
         inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
-        _projection_phase(head_ptr, first, hidden_ptr, batch, inverse_rms, final_norm_ptr, logits_ptr, program,
-                          num_programs, VOCAB, HIDDEN, True, False, dtype, BLOCK_B, TILE_ROWS, CHUNK)
+        _projection_phase(head_ptr, first, second, hidden_ptr, batch, inverse_rms, final_norm_ptr, logits_ptr, program,
+                          num_programs, VOCAB, HIDDEN, True, False, dtype, BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
