@@ -19,7 +19,9 @@ pytest.importorskip("triton")
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+# One row holds two chunks of weights in flight a program, more rows one: each path against the chain.
+@pytest.mark.parametrize("batch", [pytest.param(1, id="one-row-two-chunks-ahead"),
+                                   pytest.param(3, id="three-rows-one-chunk-ahead")])
 def test_one_call_gives_the_layer_chains_logits_and_stores_its_keys_and_values(batch: int) -> None:
     code = ("from tests.runner.interpreted_predictor_pass import check_one_call_matches_the_layer_chain; "
             f"check_one_call_matches_the_layer_chain({batch})")
