@@ -1,0 +1,49 @@
+"""Checks of the sampling kernel for Triton's interpreter, which must be on before Triton is imported:
+`test_sampling_kernel` runs them in a process of its own with TRITON_INTERPRET=1. The interpreter has no
+libdevice, so there the kernel's log is the interpreter's own (numpy's float32 log), and the torch chain it is
+held to takes its Gumbel noise through the same log. On a GPU, `tests/gpu/test_sampling_cuda.py` holds the
+libdevice log to torch's."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from tts_service.runner import sampling_kernel
+from tts_service.runner.sampling import RowSampling, sample_eager, uniform_noise
+
+
+@triton.jit
+def _interpreter_log(x):
+    return tl.log(x)
+
+
+def _numpy_gumbel_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`sampling.gumbel_noise` with numpy's float32 log in place of torch's."""
+    uniform = uniform_noise(seeds, draws, vocab).numpy()
+    return torch.from_numpy(-np.log(-np.log(uniform)))
+
+
+def check_the_kernel_draws_what_the_chain_draws(vocab: int) -> None:
+    """Rows with suppressed ids and many tied scores, every temperature/top-k edge (greedy, k = 1, k past the
+    vocabulary), seeds and draw indices over their whole ranges; top_p = 1, where the draws must be equal."""
+    sampling_kernel.libdevice = types.SimpleNamespace(log=_interpreter_log)
+    batch = 96
+    generator = torch.Generator().manual_seed(vocab)
+    scores = (4 * torch.randn(batch, vocab, generator=generator)).round() / 4
+    scores[:, vocab - 100:] = float("-inf")
+    scores[::7, : vocab // 2] = float("-inf")
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.3]).repeat(batch // 4)
+    top_k = torch.tensor([0, 1, 50, vocab, 3, 2 * vocab]).repeat(batch // 6)
+    rows = RowSampling(temperature, top_k, torch.ones(batch))
+    seeds = torch.randint(0, 2**62, (batch,), generator=generator)
+    draws = torch.randint(0, 2**31, (batch,), generator=generator)
+    drawn = sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws)
+    expected = sample_eager(scores, rows, _numpy_gumbel_noise(seeds, draws, vocab))
+    assert torch.equal(drawn, expected), (drawn != expected).nonzero().flatten().tolist()
+    # The noise decided most of the draws: greedy rows alone would pass a kernel that ignored it.
+    assert (drawn != scores.argmax(dim=-1)).sum() > batch // 4
