@@ -137,7 +137,7 @@ class PredictorPass:
         projection = self.projection
         self.arrivals.zero_()
         # At one row a tile reduces quickly and the memory's round trips show: each program holds two chunks in
-        # flight outside gate/up (a fifth off o's phase, 1.7B codebooks 2-15 about 4% faster). At two rows the
+        # flight outside gate/up (a quarter off o's phase, 1.7B codebooks 2-15 about 4% faster). At two rows the
         # reductions hide one round trip and the second chunk's registers cost more than it saves (about 5% slower
         # at 1.7B): BENCHMARKS.md, session 18.
         _predictor_pass_kernel[(self.num_programs,)](
