@@ -3,14 +3,11 @@ see `interpreted_predictor_pass`), and what it does to the predictor's modules."
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from tests.runner.interpreted_predictor_pass import packed_talker
+from tests.runner.triton_interpreter import run_interpreted
 from tts_service.model.checkpoint import LoadOptions, load_model
 from tts_service.runner.predictor_pass import PredictorPass
 
@@ -23,11 +20,7 @@ CPU = torch.device("cpu")
 @pytest.mark.parametrize("batch", [pytest.param(1, id="one-row-two-chunks-ahead"),
                                    pytest.param(3, id="three-rows-one-chunk-ahead")])
 def test_one_call_gives_the_layer_chains_logits_and_stores_its_keys_and_values(batch: int) -> None:
-    code = ("from tests.runner.interpreted_predictor_pass import check_one_call_matches_the_layer_chain; "
-            f"check_one_call_matches_the_layer_chain({batch})")
-    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
-                            capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_interpreted("tests.runner.interpreted_predictor_pass", "check_one_call_matches_the_layer_chain", batch)
 
 
 @torch.inference_mode()
