@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tts_service.model import fused_ops
+from tts_service.model import fused_ops, row_projections
 from tts_service.model.configs import DecoderLayerStack
 from tts_service.model.fused_ops import apply_rope
 
@@ -111,14 +111,21 @@ class Attention(nn.Module):
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.is_fused and self.qkv_weight is not None:
-            kv_width = self.num_kv_heads * self.head_dim
-            return F.linear(x, self.qkv_weight).split((self.num_heads * self.head_dim, kv_width, kv_width), -1)
+            return self.split_packed(F.linear(x, self.qkv_weight))
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
-        batch, length, _ = x.shape
-        q, k, v = self._project(x)
+        return self.attend(*self._project(x), cos, sin, backend)
+
+    def split_packed(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kv_width = self.num_kv_heads * self.head_dim
+        return qkv.split((self.num_heads * self.head_dim, kv_width, kv_width), -1)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               backend: AttentionBackend) -> torch.Tensor:
+        """Projected q, k, v [B, T, width] -> the attention's output through o [B, T, hidden]."""
+        batch, length, _ = q.shape
         q = q.view(batch, length, self.num_heads, self.head_dim)
         k = k.view(batch, length, self.num_kv_heads, self.head_dim)
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -127,8 +134,10 @@ class Attention(nn.Module):
         else:
             q = apply_rope(self.q_norm(q).transpose(1, 2), cos, sin)
             k = apply_rope(self.k_norm(k).transpose(1, 2), cos, sin)
-        out = backend(self.layer_index, q, k, v)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        out = backend(self.layer_index, q, k, v).transpose(1, 2).reshape(batch, length, -1)
+        if self.is_fused and row_projections.applies(out, self.o_proj.weight, "plain"):
+            return row_projections.projection(out, self.o_proj.weight)
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):
@@ -168,12 +177,33 @@ class DecoderLayer(nn.Module):
         """(residual stream, the previous layer's MLP output not yet added to it) -> the same for this layer.
         The add is left to the next norm, which does it in the same kernel, rounding the sum first as a
         separate add would."""
+        if self._takes_row_kernels(x):
+            return self._forward_rows(x, mlp_out, cos, sin, backend)
         if mlp_out is None:
             normed = self.input_layernorm(x)
         else:
             x, normed = self.input_layernorm.add_and_norm(x, mlp_out)
         x, normed = self.post_attention_layernorm.add_and_norm(x, self.self_attn(normed, cos, sin, backend))
         return x, self.mlp(normed)
+
+    def _takes_row_kernels(self, x: torch.Tensor) -> bool:
+        attention, mlp = self.self_attn, self.mlp
+        return (attention.is_fused and attention.qkv_weight is not None and mlp.gate_up_weight is not None
+                and row_projections.applies(x, attention.qkv_weight, "normed")
+                and row_projections.applies(x, mlp.gate_up_weight, "gated")
+                and row_projections.applies(x, mlp.down_proj.weight, "plain"))
+
+    def _forward_rows(self, x: torch.Tensor, mlp_out: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                      backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` for a step of one or two rows: each norm (and the residual add before it) inside the
+        projection that reads it, SiLU inside gate/up (`row_projections`), rounding where the chain rounds."""
+        attention, mlp = self.self_attn, self.mlp
+        norm = self.input_layernorm
+        x, qkv = row_projections.normed_projection(x, mlp_out, norm.weight, norm.eps, attention.qkv_weight)
+        attended = attention.attend(*attention.split_packed(qkv), cos, sin, backend)
+        norm = self.post_attention_layernorm
+        x, activations = row_projections.gated_projection(x, attended, norm.weight, norm.eps, mlp.gate_up_weight)
+        return x, row_projections.projection(activations, mlp.down_proj.weight)
 
 
 class DecoderStack(nn.Module):
