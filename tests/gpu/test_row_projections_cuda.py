@@ -1,5 +1,5 @@
-"""On a GPU: the one-row projections (norm and SiLU inside) give what the norm kernel, cuBLAS and the SiLU kernel
-give, in bf16, and a decoder layer takes them at one row only."""
+"""On a GPU: the row projections (norm and SiLU inside) give what the norm kernel, cuBLAS and the SiLU kernel give,
+in bf16, and a decoder layer takes them at one and two rows only."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ def assert_as_close_as_the_chain(out: torch.Tensor, chain: torch.Tensor, truth: 
 
 
 @pytest.mark.parametrize("width", [1024, 2048])
-def test_the_norm_and_silu_inside_the_projections_round_as_the_kernels_they_replace(width: int) -> None:
-    x, delta = randn(1, 1, width, seed=1), randn(1, 1, width, seed=2)
+@pytest.mark.parametrize("num_rows", [1, 2])
+def test_the_norm_and_silu_inside_the_projections_round_as_the_kernels_they_replace(num_rows: int, width: int) -> None:
+    x, delta = randn(num_rows, 1, width, seed=1), randn(num_rows, 1, width, seed=2)
     norm_weight = 1 + randn(width, seed=3, scale=0.25)
     weight, gate_up = randn(4096, width, seed=4, scale=width ** -0.5), randn(6144, width, seed=5, scale=width ** -0.5)
     down = randn(width, 3072, seed=6, scale=3072 ** -0.5)
@@ -60,7 +61,8 @@ def _only_the_new_token(layer_index: int, query: torch.Tensor, key: torch.Tensor
     return value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
 
 
-def test_a_decoder_layer_takes_the_row_projections_at_one_row_and_gives_the_chains_values() -> None:
+@pytest.mark.parametrize("num_rows", [1, 2])
+def test_a_decoder_layer_takes_the_row_projections_up_to_two_rows_and_gives_the_chains_values(num_rows: int) -> None:
     shape = DecoderLayerStack(hidden_size=1024, intermediate_size=3072, num_hidden_layers=1, num_attention_heads=16,
                               num_key_value_heads=8, head_dim=128, rms_norm_eps=EPS, rope_theta=10000.0,
                               vocab_size=3072)
@@ -69,10 +71,11 @@ def test_a_decoder_layer_takes_the_row_projections_at_one_row_and_gives_the_chai
         for index, parameter in enumerate(layer.parameters()):
             parameter.copy_(randn(*parameter.shape, seed=10 + index, scale=0.05) + (parameter.dim() == 1))
     use_fused_kernels(layer, True)
-    cos, sin = torch.ones(1, 1, 128, device=DEVICE).bfloat16(), torch.zeros(1, 1, 128, device=DEVICE).bfloat16()
-    x, mlp_out = randn(1, 1, 1024, seed=7), randn(1, 1, 1024, seed=8)
+    cos = torch.ones(num_rows, 1, 128, device=DEVICE).bfloat16()
+    sin = torch.zeros(num_rows, 1, 128, device=DEVICE).bfloat16()
+    x, mlp_out = randn(num_rows, 1, 1024, seed=7), randn(num_rows, 1, 1024, seed=8)
     assert layer._takes_row_kernels(x)
-    assert not layer._takes_row_kernels(randn(2, 1, 1024, seed=9))
+    assert not layer._takes_row_kernels(randn(3, 1, 1024, seed=9))
     with torch.no_grad():
         rows = layer(x, mlp_out, cos, sin, _only_the_new_token)
         chain_x, normed = layer.input_layernorm.add_and_norm(x, mlp_out)

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 # The most rows (streams times tokens) these kernels take; larger batches keep cuBLAS, whose GEMMs are no longer
 # starved of work.
-MAX_ROWS = 1
+MAX_ROWS = 2
 _MIN_CHUNK = 64
 
 
@@ -45,34 +45,40 @@ class Tiling:
     num_warps: int
 
 
-# The fastest of a sweep on an H100 at both talkers' shapes (BENCHMARKS.md, session 19): four rows a program, the
-# whole input width a step where it fits (so that every weight load leaves before the norm's pass), gate/up at a
-# 1024-wide input two rows a program and 512 columns a step.
-_TILINGS = {"normed": Tiling(4, 2048, 8), "gated": Tiling(4, 2048, 8), "plain": Tiling(4, 2048, 4)}
-_NARROW_GATED = Tiling(2, 512, 4)
+# The fastest of sweeps on an H100 at both talkers' shapes (BENCHMARKS.md, session 19), by kind and rows: four rows
+# of W a program and the whole input width a step where it fits (every weight load then leaves before the norm's
+# pass over the input); gate/up at a 1024-wide input (0.6B, and every code predictor) its own.
+_TILINGS = {("normed", 1): Tiling(4, 2048, 8), ("normed", 2): Tiling(4, 2048, 4),
+            ("gated", 1): Tiling(4, 2048, 8), ("gated", 2): Tiling(2, 2048, 4),
+            ("plain", 1): Tiling(4, 2048, 4), ("plain", 2): Tiling(4, 2048, 4)}
+_NARROW_GATED = {1: Tiling(2, 512, 4), 2: Tiling(2, 1024, 4)}
 _NARROW_WIDTH = 1024
 
 
-def default_tiling(kind: str, width: int) -> Tiling:
-    """The measured tiling of the `kind` kernel for an input `width` wide."""
-    return _NARROW_GATED if kind == "gated" and width <= _NARROW_WIDTH else _TILINGS[kind]
+def default_tiling(kind: str, num_rows: int, width: int) -> Tiling:
+    """The measured tiling of the `kind` kernel for `num_rows` rows of an input `width` wide."""
+    if kind == "gated" and width <= _NARROW_WIDTH:
+        return _NARROW_GATED[num_rows]
+    return _TILINGS[kind, num_rows]
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor, kind: str) -> bool:
     """Whether the `kind` kernel ("normed", "gated" or "plain") serves a step whose activations are like x [..., *]
     with weight [N, K]: CUDA with Triton, half precision, at most MAX_ROWS rows, and widths its tiles divide."""
-    tiling = default_tiling(kind, weight.shape[1])
     num_rows = x.numel() // x.shape[-1] if x.dim() else 0
+    if not (HAS_TRITON and x.is_cuda and 1 <= num_rows <= MAX_ROWS):
+        return False
+    tiling = default_tiling(kind, num_rows, weight.shape[1])
     out_width = weight.shape[0] // 2 if kind == "gated" else weight.shape[0]
-    return (HAS_TRITON and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and 1 <= num_rows <= MAX_ROWS and x.stride(-1) == 1 and weight.dim() == 2 and weight.is_contiguous()
-            and out_width % tiling.tile_rows == 0 and weight.shape[1] % _chunk_for(weight.shape[1], tiling) == 0)
+    return (x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype and x.stride(-1) == 1
+            and weight.dim() == 2 and weight.is_contiguous() and out_width % tiling.tile_rows == 0
+            and weight.shape[1] % _chunk_for(weight.shape[1], tiling) == 0)
 
 
 def normed_projection(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                       weight: torch.Tensor, tiling: Tiling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, RMSNorm(x + delta) @ weight.T) for x [..., K]; without delta, (x, RMSNorm(x) @ weight.T)."""
-    tiling = tiling or default_tiling("normed", x.shape[-1])
+    tiling = tiling or default_tiling("normed", _num_rows(x), x.shape[-1])
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if delta is not None else x
     out = _launch(x, delta, norm_weight, eps, weight, total, weight.shape[0], gated=False, tiling=tiling)
     return total, out
@@ -82,7 +88,7 @@ def gated_projection(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: t
                      gate_up: torch.Tensor, tiling: Tiling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, SiLU(h @ gate.T) * (h @ up.T)) where h = RMSNorm(x + delta) and gate_up [2I, K] holds gate's
     rows, then up's."""
-    tiling = tiling or default_tiling("gated", x.shape[-1])
+    tiling = tiling or default_tiling("gated", _num_rows(x), x.shape[-1])
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if delta is not None else x
     out = _launch(x, delta, norm_weight, eps, gate_up, total, gate_up.shape[0] // 2, gated=True, tiling=tiling)
     return total, out
@@ -91,7 +97,11 @@ def gated_projection(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: t
 def projection(x: torch.Tensor, weight: torch.Tensor, tiling: Tiling | None = None) -> torch.Tensor:
     """x @ weight.T for x [..., K]."""
     return _launch(x, None, None, 0.0, weight, x, weight.shape[0], gated=False,
-                   tiling=tiling or default_tiling("plain", x.shape[-1]))
+                   tiling=tiling or default_tiling("plain", _num_rows(x), x.shape[-1]))
+
+
+def _num_rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1]
 
 
 def _chunk_for(width: int, tiling: Tiling) -> int:
