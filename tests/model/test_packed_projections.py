@@ -32,3 +32,21 @@ def test_fused_kernels_on_the_cpu_leave_the_projections_unpacked() -> None:
     assert use_fused_kernels(talker, True) > 0
     layer = talker.model.layers[0]
     assert layer.self_attn.qkv_weight is None and layer.mlp.gate_up_weight is None
+    assert talker.frame_table is None
+
+
+def test_a_packed_frame_table_embeds_frames_as_the_sixteen_lookups_do_and_keeps_the_checkpoint_layout() -> None:
+    options = LoadOptions(device=torch.device("cpu"), dtype=torch.bfloat16)
+    talker = load_model("random:tiny-custom_voice", options).talker
+    acoustic = [torch.randint(0, talker.config.code_predictor.vocab_size, (5, 3))
+                for _ in range(talker.config.num_code_groups - 1)]
+    codes = torch.stack([torch.randint(0, talker.config.layers.vocab_size, (5, 3)), *acoustic], dim=-1)
+    separate = talker.embed_frame(codes)
+    keys = list(talker.state_dict())
+    talker.pack_projections()
+    assert talker.frame_table is not None
+    assert talker.model.codec_embedding.weight.data_ptr() == talker.frame_table.data_ptr()
+    assert torch.equal(talker.embed_frame(codes), separate)
+    assert torch.equal(talker.code_predictor.embed(3, codes[..., 3]),
+                       talker.frame_table[int(talker.frame_offsets[3]) + codes[..., 3]])
+    assert list(talker.state_dict()) == keys

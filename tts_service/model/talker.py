@@ -101,6 +101,26 @@ class Talker(nn.Module):
         self.code_predictor = CodePredictor(config)
         self.register_buffer("inv_freq", rope_inverse_frequencies(config.layers.head_dim,
                                                                   config.layers.rope_theta), persistent=False)
+        # Packed on CUDA by `use_fused_kernels`: every codebook's table as rows of one, and where each starts.
+        self.frame_table: torch.Tensor | None
+        self.frame_offsets: torch.Tensor | None
+        self.register_buffer("frame_table", None, persistent=False)
+        self.register_buffer("frame_offsets", None, persistent=False)
+
+    def pack_projections(self) -> None:
+        """Hold the frame's 16 embedding tables (lookups: one-hot projections) as rows of one table, each module's
+        weight a view of its rows, so that `embed_frame` gathers a frame in one lookup instead of sixteen and a
+        concatenation. The sum that follows is the same reduction over the same [..., G, hidden] values."""
+        if self.frame_table is not None:
+            return
+        tables = [self.model.codec_embedding, *self.code_predictor.model.codec_embedding]
+        self.frame_table = torch.cat([table.weight.detach() for table in tables])
+        starts = [0]
+        for table in tables:
+            rows = table.weight.shape[0]
+            table.weight = nn.Parameter(self.frame_table[starts[-1]:starts[-1] + rows], requires_grad=False)
+            starts.append(starts[-1] + rows)
+        self.frame_offsets = torch.tensor(starts[:-1], device=self.frame_table.device)
 
     def embed_text(self, text_ids: torch.Tensor) -> torch.Tensor:
         return self.text_projection(self.model.text_embedding(text_ids))
@@ -110,6 +130,8 @@ class Talker(nn.Module):
 
     def embed_frame(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [..., G] -> the sum of every codebook's embedding [..., hidden]."""
+        if self.frame_table is not None:
+            return F.embedding(codes + self.frame_offsets, self.frame_table).sum(-2)
         parts = [self.embed_codec(codes[..., 0])]
         parts += [self.code_predictor.embed(g, codes[..., g]) for g in range(1, self.config.num_code_groups)]
         return torch.stack(parts, dim=-2).sum(-2)
