@@ -326,3 +326,12 @@ def test_split_count_depends_on_batch_only_and_stays_within_useful_range() -> No
     assert choose_num_splits(8, 8, 4096, 64, num_sms=132) == 4
     assert choose_num_splits(64, 8, 4096, 64, num_sms=132) == 1
     assert choose_num_splits(1, 8, 100, 64, num_sms=132) == 2  # never more splits than tiles
+
+
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_the_last_split_to_finish_combines_the_splits_in_the_interpreter(num_splits: int) -> None:
+    pytest.importorskip("triton")
+    from tests.runner.triton_interpreter import run_interpreted
+
+    run_interpreted("tests.runner.interpreted_decode_attention",
+                    "check_the_last_split_combines_as_the_combine_launch_does", num_splits)

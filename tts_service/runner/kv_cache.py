@@ -203,19 +203,21 @@ if HAS_TRITON:
 
     @triton.jit
     def _decode_attention_kernel(query_ptr, key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr,
-                                 positions_ptr, out_ptr, lse_ptr,
+                                 positions_ptr, out_ptr, lse_ptr, combined_ptr, arrivals_ptr,
                                  stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
                                  stride_cache_block, stride_cache_slot, stride_cache_head,
                                  stride_table_row,
                                  stride_ob, stride_oh, stride_osplit,
-                                 stride_lb, stride_lh,
+                                 stride_lb, stride_lh, stride_cb, stride_ch,
                                  scale_log2, max_blocks, scratch_block,
                                  GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                                 DOT_PRECISION: tl.constexpr):
+                                 DOT_PRECISION: tl.constexpr, COMBINES: tl.constexpr, SPLITS_POW2: tl.constexpr):
         """One program per (row, kv head, split): all query heads of the group, online softmax. The row's new key
         and value are attended from the registers and written to the cache by split 0: no program reads that
-        slot's memory for anything it keeps, so no other launch has to store them first."""
+        slot's memory for anything it keeps, so no other launch has to store them first. With COMBINES, the
+        last split of a (row, kv head) to finish combines the group's splits (`_combine_head`, read through L2)
+        and resets its counter, in place of a second launch."""
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -284,27 +286,45 @@ if HAS_TRITON:
             tl.store(out_rows + split * stride_osplit, acc / safe_sum[:, None], mask=head_valid[:, None])
             tl.store(lse_ptr + row.to(tl.int64) * stride_lb + query_heads * stride_lh + split, lse,
                      mask=head_valid)
+            if COMBINES:
+                # Released after every thread's stores, so the last split to count in sees them all (acquired).
+                tl.debug_barrier()
+                counter = arrivals_ptr + row.to(tl.int64) * tl.num_programs(1) + kv_head
+                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+                    tl.debug_barrier()
+                    for member in tl.static_range(GROUP):
+                        _combine_head(out_ptr, lse_ptr, combined_ptr, row, kv_head * GROUP + member,
+                                      stride_ob, stride_oh, stride_osplit, stride_lb, stride_lh, stride_cb,
+                                      stride_ch, NUM_SPLITS, SPLITS_POW2, HEAD_DIM, ".cg")
+                    tl.store(counter, 0)
+
+    @triton.jit
+    def _combine_head(partial_ptr, lse_ptr, out_ptr, row, head, stride_pb, stride_ph, stride_psplit, stride_lb,
+                      stride_lh, stride_ob, stride_oh, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, CACHE: tl.constexpr):
+        """One (row, head)'s output from its splits' partial outputs, weighted by their log-sum-exps."""
+        splits = tl.arange(0, SPLITS_POW2)
+        split_valid = splits < NUM_SPLITS
+        dims = tl.arange(0, HEAD_DIM)
+        lse = tl.load(lse_ptr + row.to(tl.int64) * stride_lb + head * stride_lh + splits,
+                      mask=split_valid, other=float("-inf"), cache_modifier=CACHE)
+        # Split 0 always covers the first tile, so the maximum is finite.
+        weights = tl.exp2(lse - tl.max(lse, 0))
+        partial = tl.load(partial_ptr + row.to(tl.int64) * stride_pb + head * stride_ph
+                          + splits[:, None] * stride_psplit + dims[None, :],
+                          mask=split_valid[:, None], other=0.0, cache_modifier=CACHE)
+        out = tl.sum(partial * weights[:, None], 0) / tl.sum(weights, 0)
+        out_row = out_ptr + row.to(tl.int64) * stride_ob + head * stride_oh
+        tl.store(out_row + dims, out.to(out_ptr.dtype.element_ty))
 
     @triton.jit
     def _combine_splits_kernel(partial_ptr, lse_ptr, out_ptr,
                                stride_pb, stride_ph, stride_psplit, stride_lb, stride_lh,
                                stride_ob, stride_oh,
                                NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr):
-        row = tl.program_id(0)
-        head = tl.program_id(1)
-        splits = tl.arange(0, SPLITS_POW2)
-        split_valid = splits < NUM_SPLITS
-        dims = tl.arange(0, HEAD_DIM)
-        lse = tl.load(lse_ptr + row.to(tl.int64) * stride_lb + head * stride_lh + splits,
-                      mask=split_valid, other=float("-inf"))
-        # Split 0 always covers the first tile, so the maximum is finite.
-        weights = tl.exp2(lse - tl.max(lse, 0))
-        partial = tl.load(partial_ptr + row.to(tl.int64) * stride_pb + head * stride_ph
-                          + splits[:, None] * stride_psplit + dims[None, :],
-                          mask=split_valid[:, None], other=0.0)
-        out = tl.sum(partial * weights[:, None], 0) / tl.sum(weights, 0)
-        out_row = out_ptr + row.to(tl.int64) * stride_ob + head * stride_oh
-        tl.store(out_row + dims, out.to(out_ptr.dtype.element_ty))
+        _combine_head(partial_ptr, lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), stride_pb, stride_ph,
+                      stride_psplit, stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS, SPLITS_POW2, HEAD_DIM,
+                      "")
 
 
 def _is_power_of_two(value: int) -> bool:
@@ -348,9 +368,11 @@ def store_kv_triton(layer_cache: torch.Tensor, key: torch.Tensor, value: torch.T
 
 def decode_attention_triton(layer_cache: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             block_tables: torch.Tensor, positions: torch.Tensor, scratch_block: int,
-                            num_splits: int) -> torch.Tensor:
+                            num_splits: int, split_arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """Stores each row's new key/value [B, KV, D] at its position (as `store_kv_triton` does) and attends with
-    query [B, H, D] over positions 0..positions[b] -> [B, H, D], in one launch; split-K when num_splits > 1."""
+    query [B, H, D] over positions 0..positions[b] -> [B, H, D], in one launch; split-K when num_splits > 1,
+    the splits combined by a second launch, or, given `split_arrivals` (int32 zeros, [>= B, KV] contiguous,
+    left zero again), by the last split of each (row, kv head) to finish."""
     key_cache, value_cache = layer_cache[0], layer_cache[1]
     query, key, value = _unit_last_stride(query), _unit_last_stride(key), _unit_last_stride(value)
     batch, num_heads, head_dim = query.shape
@@ -366,17 +388,20 @@ def decode_attention_triton(layer_cache: torch.Tensor, query: torch.Tensor, key:
         lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=query.device)
         target_strides = (target.stride(0), target.stride(1), target.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
+    combines = num_splits > 1 and split_arrivals is not None
     _decode_attention_kernel[(batch, kv_heads, num_splits)](
-        query, key, value, key_cache, value_cache, block_tables, positions, target, lse,
+        query, key, value, key_cache, value_cache, block_tables, positions, target, lse, out,
+        split_arrivals if combines else positions,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        block_tables.stride(0), *target_strides, *lse_strides,
+        block_tables.stride(0), *target_strides, *lse_strides, out.stride(0), out.stride(1),
         _LOG2_E / math.sqrt(head_dim), block_tables.shape[1], scratch_block,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=key_cache.shape[1], TILE=_decode_tile(query.dtype, block_tables.shape[1] * key_cache.shape[1]),
         NUM_SPLITS=num_splits,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", num_warps=4)
-    if num_splits > 1:
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", COMBINES=combines,
+        SPLITS_POW2=triton.next_power_of_2(num_splits), num_warps=4)
+    if num_splits > 1 and not combines:
         _combine_splits_kernel[(batch, num_heads)](
             target, lse, out, target.stride(0), target.stride(1), target.stride(2),
             lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
@@ -450,6 +475,8 @@ class PagedDecodeBackend:
         self.block_tables = torch.full((max_batch_size, max_blocks_per_seq), cache.scratch_block,
                                        dtype=torch.int32, device=cache.device)
         self.positions = torch.zeros(max_batch_size, dtype=torch.int64, device=cache.device)
+        # Each (row, kv head)'s count of finished splits, zero between launches (the last split resets it).
+        self.split_arrivals = torch.zeros(max_batch_size, cache.num_kv_heads, dtype=torch.int32, device=cache.device)
         self._num_sms = (torch.cuda.get_device_properties(cache.device).multi_processor_count
                          if self.use_triton else 0)
 
@@ -498,7 +525,8 @@ class PagedDecodeBackend:
         layer_cache = self.cache.layer(layer_index)
         if self.use_triton:
             out = decode_attention_triton(layer_cache, query[:, :, 0], key[:, :, 0], value[:, :, 0], block_tables,
-                                          positions, self.cache.scratch_block, self.num_splits(batch))
+                                          positions, self.cache.scratch_block, self.num_splits(batch),
+                                          self.split_arrivals)
             return out[:, :, None]
         slots = flat_slots(block_tables, positions, self.cache.block_size, self.cache.scratch_block)
         store_kv_torch(layer_cache, key[:, :, 0], value[:, :, 0], slots)

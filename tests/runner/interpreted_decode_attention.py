@@ -1,0 +1,32 @@
+"""Checks of the decode attention kernel for Triton's interpreter, run by `test_kv_cache` in a process of its own
+(the interpreter must be on before Triton is imported)."""
+
+from __future__ import annotations
+
+import torch
+
+from tts_service.runner.kv_cache import PagedKVCache, decode_attention_triton
+
+
+def check_the_last_split_combines_as_the_combine_launch_does(num_splits: int) -> None:
+    """The splits combined by the last of them to finish give the second launch's output exactly (the same
+    reduction), rows with contexts shorter than a split's share included, and every counter is zero again."""
+    generator = torch.Generator().manual_seed(num_splits)
+    batch, heads, kv_heads, head_dim, block_size = 3, 4, 2, 16, 128
+    caches = [PagedKVCache(1, 9, block_size, kv_heads, head_dim, torch.float32, "cpu") for _ in range(2)]
+    contents = torch.randn(caches[0].storage.shape, generator=generator)
+    for cache in caches:
+        cache.storage.copy_(contents)
+    tables = torch.tensor([[0, 3, 6], [1, 4, 7], [2, 5, 8]], dtype=torch.int32)
+    positions = torch.tensor([270, 5, 60])
+    q = torch.randn(batch, heads, head_dim, generator=generator)
+    k, v = (torch.randn(batch, kv_heads, head_dim, generator=generator) for _ in range(2))
+    arrivals = torch.zeros(batch, kv_heads, dtype=torch.int32)
+
+    combined_in_place = decode_attention_triton(caches[0].layer(0), q, k, v, tables, positions,
+                                                caches[0].scratch_block, num_splits, arrivals)
+    combined_after = decode_attention_triton(caches[1].layer(0), q, k, v, tables, positions,
+                                             caches[1].scratch_block, num_splits)
+    assert torch.equal(combined_in_place, combined_after)
+    assert torch.equal(caches[0].storage, caches[1].storage)
+    assert not arrivals.any()
