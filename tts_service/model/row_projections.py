@@ -18,6 +18,7 @@ choice of kernel makes it differ.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,7 @@ import torch
 try:  # Triton is optional: the CPU build and CI have none, and the eager path needs none.
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - depends on the environment
@@ -100,6 +102,13 @@ def projection(x: torch.Tensor, weight: torch.Tensor, tiling: Tiling | None = No
                    tiling=tiling or default_tiling("plain", _num_rows(x), x.shape[-1]))
 
 
+@functools.cache
+def launches_early(device: torch.device) -> bool:
+    """Whether the kernels launch as programmatic dependents (Hopper and later): a projection's programs may
+    start while the kernel before it finishes, load their first weights, and wait for its outputs only then."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def _num_rows(x: torch.Tensor) -> int:
     return x.numel() // x.shape[-1]
 
@@ -119,12 +128,13 @@ def _launch(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tens
     batch = x_rows.shape[0]
     delta_rows = delta.reshape(-1, width) if delta is not None else x_rows
     out = torch.empty((*x.shape[:-1], out_width), dtype=x.dtype, device=x.device)
+    early = launches_early(x.device)
     _row_projection_kernel[(out_width // tiling.tile_rows,)](
         x_rows, delta_rows, norm_weight if norm_weight is not None else weight, weight, out, total,
         x_rows.stride(0), delta_rows.stride(0), batch, eps,
         N=out_width, K=width, HAS_DELTA=delta is not None, HAS_NORM=norm_weight is not None, GATED=gated,
         BLOCK_B=triton.next_power_of_2(batch), TILE_ROWS=tiling.tile_rows, CHUNK=_chunk_for(width, tiling),
-        num_warps=tiling.num_warps)
+        LAUNCHES_EARLY=early, num_warps=tiling.num_warps, launch_pdl=early)
     return out
 
 
@@ -152,7 +162,7 @@ if HAS_TRITON:
     def _row_projection_kernel(x_ptr, delta_ptr, norm_ptr, w_ptr, out_ptr, total_ptr, x_stride, delta_stride,
                                batch, eps, N: tl.constexpr, K: tl.constexpr, HAS_DELTA: tl.constexpr,
                                HAS_NORM: tl.constexpr, GATED: tl.constexpr, BLOCK_B: tl.constexpr,
-                               TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
+                               TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr, LAUNCHES_EARLY: tl.constexpr):
         program = tl.program_id(0)
         dtype = out_ptr.dtype.element_ty
         row0 = program * TILE_ROWS
@@ -161,6 +171,11 @@ if HAS_TRITON:
         first = _weight_chunk(w_ptr, row0, 0, K, TILE_ROWS, CHUNK)
         if GATED:
             first_up = _weight_chunk(w_ptr, N + row0, 0, K, TILE_ROWS, CHUNK)
+        if LAUNCHES_EARLY:
+            # The weights depend on no kernel: only what follows waits for the kernel before to finish. Once every
+            # program has started, the kernel after may start too (and load its own weights).
+            gdc_launch_dependents()
+            gdc_wait()
         inverse_rms = tl.zeros([BLOCK_B], tl.float32)
         if HAS_NORM:
             squares = tl.zeros([BLOCK_B], tl.float32)
