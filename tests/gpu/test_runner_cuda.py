@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.frame_step import time_steps
+from benchmarks.frame_step import device_step_seconds, time_steps
 from tests.runner.test_runner import BLOCK_SIZE, assert_audio_in_flight_equals_one_shot, requests_for, run_staggered
 from tts_service.eager.generate import generate_codes
 from tts_service.engine.config import EngineConfig
@@ -170,3 +170,4 @@ def test_the_frame_step_benchmark_times_captured_steps_of_every_row() -> None:
     times = time_steps(runner, batch=3, context=8, iterations=2)
     assert len(times) == 2 and all(seconds > 0 for seconds in times)
     assert torch.equal(runner.state.seeds[:3].cpu(), torch.arange(3))
+    assert 0 < device_step_seconds(runner, batch=3, frames=2) < 1

@@ -383,6 +383,12 @@ class ModelRunner:
         self._start_decodes(decodes)
         return self._sample_frames(len(decodes), (), None)
 
+    def replay_decode(self, batch: int) -> None:
+        """The last decode step's talker and sampling passes again, on the metadata it left (the frame-step
+        benchmark's device-only timing: replayed back to back, the host stays ahead of the device)."""
+        self._replay_or_run(self.rows.talker_graphs, self._talker_decode_step, batch)
+        self._replay_or_run(self.rows.sampling_graphs, self._sampling_step, batch)
+
     def _load_rows(self, start: int, rows: list[tuple[int, int, int]]) -> None:
         """Frame rows `start`.. get (slot, text id, frame index) each, and the rows after them are padding: the
         scratch slot, which the sampling pass may write."""
