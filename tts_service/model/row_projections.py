@@ -1,9 +1,10 @@
 """A decoder layer's projections for one or two rows, each with the small kernel around it taken inside.
 
-At one stream a decode step's projections are GEMVs, and cuBLAS streams the talker's weights near the memory's
-bandwidth, but every layer also runs two norm kernels, a SiLU kernel and, for the down projection, cuBLAS's own
-split-K reduction: a few microseconds each, plus a launch gap, 28 times a frame. Here the norm (and the residual
-add before it) runs inside the projection that reads it, and SiLU(gate) * up inside the gate/up projection:
+At one or two rows (a stream's decode step, two streams, a frame's first two predictor tokens) the projections are
+GEMVs, and cuBLAS streams the talker's weights near the memory's bandwidth, but every layer also runs two norm
+kernels, a SiLU kernel and, for the down projection, cuBLAS's own split-K reduction: a few microseconds each, plus
+a launch gap, 28 times a frame. Here the norm (and the residual add before it) runs inside the projection that
+reads it, and SiLU(gate) * up inside the gate/up projection:
 
 - `normed_projection`: (x + delta) -> RMSNorm -> @ W.T. Every program normalises the row itself (a few KB from
   L2) while its first weights are on their way; program 0 stores the sum, which the layer needs for its residual.
@@ -11,9 +12,12 @@ add before it) runs inside the projection that reads it, and SiLU(gate) * up ins
 - `projection`: a plain x @ W.T (the o and down projections), one program per tile of rows, no split-K pass.
 
 A program holds one tile of W's rows and walks the whole input width, summing in an fp32 tile per column and
-reducing it once at the end, so no step waits on another warp. Rounding follows the eager chain (the norm
-kernel's, then each projection's output, SiLU's output); only the order of the fp32 sums differs, as cuBLAS's
-choice of kernel makes it differ.
+reducing it once at the end, so no step waits on another warp. On Hopper the kernels launch as programmatic
+dependents: a projection's programs start while the kernel before finishes and load their first weights, which
+depend on no kernel, before they wait for its outputs. Rounding follows the eager chain (the norm kernel's, then
+each projection's output, SiLU's output); only the order of the fp32 sums differs, as cuBLAS's choice of kernel
+makes it differ. On an H100 a 1.7B talker layer's four calls take 46 us at one row against the chain's 54, and the
+1.7B frame 4.35 ms against 4.65 (BENCHMARKS.md, session 19).
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ try:  # Triton is optional: the CPU build and CI have none, and the eager path n
 except ImportError:  # pragma: no cover - depends on the environment
     HAS_TRITON = False
 
-# The most rows (streams times tokens) these kernels take; larger batches keep cuBLAS, whose GEMMs are no longer
-# starved of work.
+# The most rows (streams times tokens) these kernels take, the sizes they were tuned and measured at; larger
+# batches keep cuBLAS.
 MAX_ROWS = 2
 _MIN_CHUNK = 64
 
@@ -67,7 +71,7 @@ def default_tiling(kind: str, num_rows: int, width: int) -> Tiling:
 def applies(x: torch.Tensor, weight: torch.Tensor, kind: str) -> bool:
     """Whether the `kind` kernel ("normed", "gated" or "plain") serves a step whose activations are like x [..., *]
     with weight [N, K]: CUDA with Triton, half precision, at most MAX_ROWS rows, and widths its tiles divide."""
-    num_rows = x.numel() // x.shape[-1] if x.dim() else 0
+    num_rows = _num_rows(x) if x.dim() else 0
     if not (HAS_TRITON and x.is_cuda and 1 <= num_rows <= MAX_ROWS):
         return False
     tiling = default_tiling(kind, num_rows, weight.shape[1])
