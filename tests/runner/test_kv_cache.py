@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.runner.triton_interpreter import run_interpreted
 from tts_service.eager.generate import EagerKVCache
 from tts_service.model.layers import repeat_kv
 from tts_service.runner.kv_cache import (
@@ -331,7 +332,5 @@ def test_split_count_depends_on_batch_only_and_stays_within_useful_range() -> No
 @pytest.mark.parametrize("num_splits", [2, 5])
 def test_the_last_split_to_finish_combines_the_splits_in_the_interpreter(num_splits: int) -> None:
     pytest.importorskip("triton")
-    from tests.runner.triton_interpreter import run_interpreted
-
     run_interpreted("tests.runner.interpreted_decode_attention",
                     "check_the_last_split_combines_as_the_combine_launch_does", num_splits)
