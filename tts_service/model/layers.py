@@ -254,11 +254,12 @@ def use_fused_kernels(module: nn.Module, enabled: bool) -> int:
     """Switch every decoder norm, attention and MLP under `module` to the fused kernels (or back).
 
     Switching on also packs, on CUDA, the projections of every module that can (`PacksProjections`: each layer's
-    q/k/v and gate/up weights, the codec's attention too), so the fused path runs two GEMMs
-    where the eager chain runs five; the eager chain reads the same memory through views. A packed GEMM may sum
-    in another order than the separate ones (cuBLAS picks kernels by shape), which is within bf16's own rounding
-    and is what the fidelity benchmark judges. Returns how many modules were switched. The kernels run only on
-    CUDA with Triton; elsewhere the switched modules still take the eager chain, so this is safe on any device.
+    q/k/v and gate/up weights, the codec's attention too, the talker's frame embedding tables), so the fused path
+    runs two GEMMs where the eager chain runs five; the eager chain reads the same memory through views. A packed
+    GEMM may sum in another order than the separate ones (cuBLAS picks kernels by shape), which is within bf16's
+    own rounding and is what the fidelity benchmark judges. Returns how many modules were switched. The kernels
+    run only on CUDA with Triton; elsewhere the switched modules still take the eager chain, so this is safe on any
+    device.
     """
     switched = 0
     for child in module.modules():
