@@ -233,10 +233,11 @@ def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     return x[:, :, None].expand(batch, kv_heads, groups, length, dim).reshape(batch, num_heads, length, dim)
 
 
-def pack_weights(*projections: nn.Linear) -> torch.Tensor:
-    """Concatenate bias-free projections' weights into one matrix and make each projection's weight a view of
-    its rows: one copy of the weights in memory, which the separate and the packed GEMMs both read. Call it once
-    the module sits on its final device and dtype (moving it afterwards copies the views apart)."""
+def pack_weights(*projections: nn.Linear | nn.Embedding) -> torch.Tensor:
+    """Concatenate bias-free projections' weights (or embedding tables) into one matrix and make each module's
+    weight a view of its rows: one copy of the weights in memory, which the separate and the packed GEMMs (or
+    lookups) both read. Call it once the module sits on its final device and dtype (moving it afterwards copies
+    the views apart)."""
     packed = torch.cat([projection.weight.detach() for projection in projections])
     start = 0
     for projection in projections:

@@ -15,6 +15,7 @@ from tts_service.model.layers import (
     AttentionBackend,
     DecoderStack,
     interleaved_mrope_cos_sin,
+    pack_weights,
     rope_cos_sin,
     rope_inverse_frequencies,
 )
@@ -114,13 +115,9 @@ class Talker(nn.Module):
         if self.frame_table is not None:
             return
         tables = [self.model.codec_embedding, *self.code_predictor.model.codec_embedding]
-        self.frame_table = torch.cat([table.weight.detach() for table in tables])
-        starts = [0]
-        for table in tables:
-            rows = table.weight.shape[0]
-            table.weight = nn.Parameter(self.frame_table[starts[-1]:starts[-1] + rows], requires_grad=False)
-            starts.append(starts[-1] + rows)
-        self.frame_offsets = torch.tensor(starts[:-1], device=self.frame_table.device)
+        sizes = torch.tensor([0] + [table.weight.shape[0] for table in tables[:-1]])
+        self.frame_table = pack_weights(*tables)
+        self.frame_offsets = sizes.cumsum(0).to(self.frame_table.device)
 
     def embed_text(self, text_ids: torch.Tensor) -> torch.Tensor:
         return self.text_projection(self.model.text_embedding(text_ids))
