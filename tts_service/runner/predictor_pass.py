@@ -12,8 +12,8 @@ is (its 8 warps take up to 250 registers a thread, which leaves no room for a se
 percentage does, would leave some programs waiting for an SM that never frees: the kernel is not for such a
 share.) A program's tiles in a phase are few (one to four), so each round trip to memory it waits out shows:
 within a phase it loads each tile's weights before it reduces the tile before, and at one row it keeps two chunks
-in flight. The call takes about 140 us at one row (BENCHMARKS.md, sessions 17 and 18), a quarter of it in the 26
-barriers.
+in flight. The call takes about 125 us at one row (BENCHMARKS.md, sessions 17, 18 and 20), a quarter of it in the
+26 barriers (about 1.2 us each).
 
 Rounding follows the eager chain as the other fused kernels do: each tensor the eager chain writes is rounded to
 the activation dtype where it writes it (the normalised input, the weighted input, each projection's output, the
@@ -153,8 +153,8 @@ class PredictorPass:
             VOCAB=self.vocab_size, NUM_LAYERS=self.num_layers, HAS_PROJECTION=projection is not None,
             HAS_BIAS=projection is not None and projection.bias is not None,
             BLOCK_B=_next_power_of_two(batch), BLOCK_T=_next_power_of_two(self.rope_cos.shape[0]),
-            TILE_ROWS=self.tile_rows, CHUNK=self.chunk, TWO_AHEAD=batch == 1, num_warps=self.num_warps,
-            enable_fp_fusion=False)
+            TILE_ROWS=self.tile_rows, CHUNK=self.chunk, TWO_AHEAD=batch == 1, ON_GPU=inputs.is_cuda,
+            num_warps=self.num_warps, enable_fp_fusion=False)
         return self.logits_out[:batch]
 
 
@@ -191,19 +191,42 @@ def _next_power_of_two(value: int) -> int:
 if triton is not None:
 
     @triton.jit
-    def _arrive(arrivals_ptr):
-        """This program's writes so far are done: count it in (released, so whoever sees the count sees them)."""
+    def _arrive(arrivals_ptr, ON_GPU: tl.constexpr):
+        """This program's writes so far are done: count it in. Every thread's writes come before the CTA's barrier;
+        then thread 0 alone adds, with release semantics (a fence, then a reduction that returns nothing), so whoever
+        sees the count sees the writes."""
         tl.debug_barrier()
-        tl.atomic_add(arrivals_ptr, 1, sem="release", scope="gpu")
+        if ON_GPU:
+            tl.inline_asm_elementwise(
+                """{ .reg .pred %p_first; .reg .u32 %t_id;
+                mov.u32 %t_id, %tid.x; setp.eq.u32 %p_first, %t_id, 0;
+                @%p_first red.release.gpu.global.add.u32 [$1], 1;
+                mov.u32 $0, 0; }""", "=r,l", [arrivals_ptr], dtype=tl.int32, is_pure=False, pack=1)
+        else:  # Triton's interpreter (one program at a time) runs no PTX
+            tl.atomic_add(arrivals_ptr, 1, sem="release", scope="gpu")
 
     @triton.jit
-    def _wait(arrivals_ptr, target):
-        """Wait until `target` arrivals are counted: every program's writes before them are then seen here (read
-        through L2 with `.cg`, since an SM's L1 may hold a line another SM has since written)."""
-        seen = tl.load(arrivals_ptr, volatile=True)
-        while seen < target:
+    def _wait(arrivals_ptr, target, ON_GPU: tl.constexpr):
+        """Wait until `target` arrivals are counted. Thread 0 alone polls, the CTA's other threads wait at its
+        barrier: every warp polling the one address took a barrier 1.9 us against 1.2 (BENCHMARKS.md, session 20).
+        The poll is a volatile load, not an acquire (which also invalidates the SM's L1 each time round, measured
+        slower): what orders the reads of other programs' writes after it is that each is issued only once the
+        poll's value has decided the branch and the CTA's barrier, and reads through L2 (`.cg`), where the writes
+        were before the count (an SM's L1 may hold a line another SM has since written)."""
+        if ON_GPU:
+            tl.inline_asm_elementwise(
+                """{ .reg .pred %p_wait; .reg .u32 %t_id; .reg .s32 %seen;
+                mov.u32 %t_id, %tid.x; setp.ne.u32 %p_wait, %t_id, 0;
+                @%p_wait bra DONE_WAITING;
+                POLL: ld.volatile.global.s32 %seen, [$1];
+                setp.lt.s32 %p_wait, %seen, $2;
+                @%p_wait bra POLL;
+                DONE_WAITING: mov.u32 $0, 0; }""", "=r,l,r", [arrivals_ptr, target], dtype=tl.int32, is_pure=False,
+                pack=1)
+        else:
             seen = tl.load(arrivals_ptr, volatile=True)
-        tl.atomic_add(arrivals_ptr, 0, sem="acquire", scope="gpu")
+            while seen < target:
+                seen = tl.load(arrivals_ptr, volatile=True)
         tl.debug_barrier()
 
     @triton.jit
@@ -420,7 +443,7 @@ if triton is not None:
             INPUT_SIZE: tl.constexpr, HIDDEN: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
             HEAD_DIM: tl.constexpr, INTERMEDIATE: tl.constexpr, VOCAB: tl.constexpr, NUM_LAYERS: tl.constexpr,
             HAS_PROJECTION: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
-            TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr, TWO_AHEAD: tl.constexpr):
+            TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr, TWO_AHEAD: tl.constexpr, ON_GPU: tl.constexpr):
         program = tl.program_id(0)
         num_programs = tl.num_programs(0)
         dtype = hidden_ptr.dtype.element_ty
@@ -446,11 +469,11 @@ if triton is not None:
                                 other=0.0)
             _store_rows(hidden_ptr, row0, value, batch, HIDDEN, BLOCK_B, TILE_ROWS)
         # Each barrier is split: a program arrives, loads the weights that open its next phase, then waits.
-        _arrive(arrivals_ptr)
+        _arrive(arrivals_ptr, ON_GPU)
         first, second = _opening_chunks(qkv_ptr, program, num_programs, qkv_width, HIDDEN, TILE_ROWS, CHUNK,
                                         TWO_AHEAD)
         arrived += num_programs
-        _wait(arrivals_ptr, arrived)
+        _wait(arrivals_ptr, arrived, ON_GPU)
 
         # A loop, not unrolled: five copies of the layer would cost minutes of compilation for nothing.
         for layer in range(NUM_LAYERS):
@@ -458,43 +481,43 @@ if triton is not None:
             _projection_phase(qkv_ptr + layer * qkv_width * HIDDEN, first, second, hidden_ptr, batch, inverse_rms,
                               input_norms_ptr + layer * HIDDEN, qkv_out_ptr, program, num_programs, qkv_width, HIDDEN,
                               True, False, dtype, BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
-            _arrive(arrivals_ptr)
+            _arrive(arrivals_ptr, ON_GPU)
             first, second = _opening_chunks(o_ptr + layer * HIDDEN * attention_width, program, num_programs, HIDDEN,
                                             attention_width, TILE_ROWS, CHUNK, TWO_AHEAD)
             arrived += num_programs
-            _wait(arrivals_ptr, arrived)
+            _wait(arrivals_ptr, arrived, ON_GPU)
 
             for item in range(program, batch * NUM_KV_HEADS, num_programs):
                 _attend(layer, item // NUM_KV_HEADS, item % NUM_KV_HEADS, qkv_out_ptr, attention_ptr, q_norms_ptr,
                         k_norms_ptr, cos_ptr, sin_ptr, cache_ptr, stride_layer, stride_kv, stride_block, stride_slot,
                         stride_head, position, eps, scale_log2, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_T)
-            _arrive(arrivals_ptr)
+            _arrive(arrivals_ptr, ON_GPU)
             arrived += num_programs
-            _wait(arrivals_ptr, arrived)
+            _wait(arrivals_ptr, arrived, ON_GPU)
 
             _projection_phase(o_ptr + layer * HIDDEN * attention_width, first, second, attention_ptr, batch, no_norm,
                               o_ptr, hidden_ptr, program, num_programs, HIDDEN, attention_width, False, True, dtype,
                               BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
-            _arrive(arrivals_ptr)
+            _arrive(arrivals_ptr, ON_GPU)
             layer_gate_up = gate_up_ptr + layer * 2 * INTERMEDIATE * HIDDEN
             first = _tile_chunk(layer_gate_up, program, INTERMEDIATE, HIDDEN, TILE_ROWS, CHUNK)
             arrived += num_programs
-            _wait(arrivals_ptr, arrived)
+            _wait(arrivals_ptr, arrived, ON_GPU)
 
             inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
             post_norm = post_norms_ptr + layer * HIDDEN
             _gate_up_phase(layer_gate_up, first, hidden_ptr, batch, inverse_rms, post_norm, activations_ptr, program,
                            num_programs, HIDDEN, INTERMEDIATE, BLOCK_B, TILE_ROWS, CHUNK)
-            _arrive(arrivals_ptr)
+            _arrive(arrivals_ptr, ON_GPU)
             first, second = _opening_chunks(down_ptr + layer * HIDDEN * INTERMEDIATE, program, num_programs, HIDDEN,
                                             INTERMEDIATE, TILE_ROWS, CHUNK, TWO_AHEAD)
             arrived += num_programs
-            _wait(arrivals_ptr, arrived)
+            _wait(arrivals_ptr, arrived, ON_GPU)
 
             _projection_phase(down_ptr + layer * HIDDEN * INTERMEDIATE, first, second, activations_ptr, batch, no_norm,
                               down_ptr, hidden_ptr, program, num_programs, HIDDEN, INTERMEDIATE, False, True, dtype,
                               BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
-            _arrive(arrivals_ptr)
+            _arrive(arrivals_ptr, ON_GPU)
             if layer + 1 < NUM_LAYERS:
                 first, second = _opening_chunks(qkv_ptr + (layer + 1) * qkv_width * HIDDEN, program, num_programs,
                                                 qkv_width, HIDDEN, TILE_ROWS, CHUNK, TWO_AHEAD)
@@ -502,7 +525,7 @@ if triton is not None:
                 first, second = _opening_chunks(head_ptr, program, num_programs, VOCAB, HIDDEN, TILE_ROWS, CHUNK,
                                                 TWO_AHEAD)
             arrived += num_programs
-            _wait(arrivals_ptr, arrived)
+            _wait(arrivals_ptr, arrived, ON_GPU)
 
         inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
         _projection_phase(head_ptr, first, second, hidden_ptr, batch, inverse_rms, final_norm_ptr, logits_ptr, program,
