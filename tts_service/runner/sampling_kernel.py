@@ -6,11 +6,12 @@ The noise is `sampling.gumbel_noise`'s counter-based hash of (seed, draw, token)
 same 64-bit integer operations and the same `logf` as PyTorch's kernels, so it is the chain's noise bit for bit and
 a request's draws still depend only on its seed and position.
 
-Top-k needs no sort: the k-th largest score is found by a 32-step radix select over the scores' bits (each step
-counts the scores at or above a candidate), and every score at or above it is kept, exactly as the torch chain
-keeps `ascending >= kth_largest`. Everything before the top-p cut is elementwise in the same fp32 operations as
-the torch chain (an IEEE division by the temperature, one add of the noise, the first index of the maximum), so
-rows with top_p = 1 (the checkpoints' default) draw exactly what the chain draws.
+Top-k needs no sort: the k-th largest score is found by a radix select over the scores' 32 bits, two a step (each
+step counts the scores at or above three candidates in one block-wide sum), and every score at or above it is kept,
+exactly as the torch chain keeps `ascending >= kth_largest`. Everything before the top-p cut is elementwise in
+the same fp32 operations as the torch chain (an IEEE division by the temperature, one add of the noise, the first
+index of the maximum), so rows with top_p = 1 (the checkpoints' default) draw exactly what the chain draws. A
+greedy row (temperature 0) takes its argmax alone.
 
 Top-p sorts the kept scores in the program and sums their probabilities in ascending order as the chain does,
 but a parallel sum adds in another order than torch's scan. A token whose cumulative mass lies within float
@@ -100,26 +101,31 @@ if HAS_TRITON:
         return -libdevice.log(-libdevice.log(uniform))
 
     @triton.jit
-    def _sample_rows_kernel(scores_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seeds_ptr, draws_ptr, out_ptr,
-                            scores_row_stride, vocab, seeds_stride, draws_stride, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        in_vocab = cols < vocab
-        scores = tl.load(scores_ptr + row * scores_row_stride + cols, mask=in_vocab, other=float("-inf"))
-        greedy = tl.argmax(scores, axis=0, tie_break_left=True)
+    def _kth_largest_key(keys, k):
+        """The largest key with at least k keys at or above it, two bits a step: the three candidates' counts
+        (each at most the block, under 2**21) share one int64 sum, so a step costs one block-wide reduction, where
+        a bit a step took two for the same two bits (the reductions' round trips are most of the select's time).
+        The counts fall as the candidate rises, so the bits taken are how many of the three reach k."""
+        kth = tl.zeros((), dtype=tl.int64)
+        for shift in tl.static_range(30, -1, -2):
+            packed = ((keys >= kth + (1 << shift)).to(tl.int64)
+                      + ((keys >= kth + (2 << shift)).to(tl.int64) << 21)
+                      + ((keys >= kth + (3 << shift)).to(tl.int64) << 42))
+            counts = tl.sum(packed, axis=0)
+            reached = (((counts & 0x1FFFFF) >= k).to(tl.int64) + (((counts >> 21) & 0x1FFFFF) >= k).to(tl.int64)
+                       + ((counts >> 42) >= k).to(tl.int64))
+            kth = kth + (reached << shift)
+        return kth
 
-        temperature = tl.load(temperature_ptr + row)
-        scaled = tl.math.div_rn(scores, tl.where(temperature > 0, temperature, 1.0))
+    @triton.jit
+    def _draw_row(scores, cols, in_vocab, temperature, top_k_ptr, top_p_ptr, seeds_ptr, draws_ptr, out_ptr, row,
+                  vocab, seeds_stride, draws_stride, BLOCK: tl.constexpr):
+        """A row with temperature > 0: scaled, cut to its top-k and top-p, the noise added, the first maximum."""
+        scaled = tl.math.div_rn(scores, temperature)
         top_k = tl.load(top_k_ptr + row)
         k = tl.where(top_k > 0, tl.minimum(top_k, vocab), vocab)
-
-        # The k-th largest: the largest key with at least k keys at or above it, one bit at a time.
         keys = tl.where(in_vocab, _sortable_key(scaled), -1)
-        kth = tl.zeros((), dtype=tl.int64)
-        for bit in tl.static_range(31, -1, -1):
-            candidate = kth + (1 << bit)
-            kth = tl.where(tl.sum((keys >= candidate).to(tl.int32), axis=0) >= k, candidate, kth)
-        kept = in_vocab & (scaled >= _float_of_key(kth))
+        kept = in_vocab & (scaled >= _float_of_key(_kth_largest_key(keys, k)))
         filtered = tl.where(kept, scaled, float("-inf"))
 
         top_p = tl.load(top_p_ptr + row)
@@ -136,4 +142,18 @@ if HAS_TRITON:
         seed = tl.load(seeds_ptr + row * seeds_stride).to(tl.int64)
         noise = _gumbel_noise(seed, tl.load(draws_ptr + row * draws_stride).to(tl.int64), cols)
         drawn = tl.argmax(tl.where(in_vocab, filtered + noise, float("-inf")), axis=0, tie_break_left=True)
-        tl.store(out_ptr + row, tl.where(temperature > 0, drawn, greedy).to(tl.int64))
+        tl.store(out_ptr + row, drawn.to(tl.int64))
+
+    @triton.jit
+    def _sample_rows_kernel(scores_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seeds_ptr, draws_ptr, out_ptr,
+                            scores_row_stride, vocab, seeds_stride, draws_stride, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        in_vocab = cols < vocab
+        scores = tl.load(scores_ptr + row * scores_row_stride + cols, mask=in_vocab, other=float("-inf"))
+        temperature = tl.load(temperature_ptr + row)
+        if temperature > 0:
+            _draw_row(scores, cols, in_vocab, temperature, top_k_ptr, top_p_ptr, seeds_ptr, draws_ptr, out_ptr, row,
+                      vocab, seeds_stride, draws_stride, BLOCK)
+        else:
+            tl.store(out_ptr + row, tl.argmax(scores, axis=0, tie_break_left=True).to(tl.int64))
