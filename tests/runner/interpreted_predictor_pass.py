@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 
 from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.configs import ModelConfig, SpeechTokenizerConfig
+from tts_service.model.random_checkpoint import model_config_dict, random_modules, speech_tokenizer_config_dict
 from tts_service.model.talker import Talker
 from tts_service.runner.frame_codes import predictor_hidden
 from tts_service.runner.frame_step import PredictorCache
@@ -16,8 +18,17 @@ from tts_service.runner.predictor_pass import PredictorPass
 CPU = torch.device("cpu")
 
 
-def packed_talker() -> Talker:
-    talker = load_model("random:tiny-custom_voice", LoadOptions(device=CPU, dtype=torch.float32)).talker
+def packed_talker(same_width: bool = False) -> Talker:
+    """The tiny talker, its predictor's projections packed; with `same_width`, a predictor as wide as the talker
+    (as 0.6B's: no input projection)."""
+    if same_width:
+        raw = model_config_dict("tiny", "custom_voice")
+        raw["talker_config"]["code_predictor_config"]["hidden_size"] = raw["talker_config"]["hidden_size"]
+        speech = SpeechTokenizerConfig.parse(speech_tokenizer_config_dict("tiny"))
+        talker = random_modules(ModelConfig.parse(raw), speech, CPU, seed=0, with_codec_encoder=False).talker
+        assert not talker.config.has_mtp_projection
+    else:
+        talker = load_model("random:tiny-custom_voice", LoadOptions(device=CPU, dtype=torch.float32)).talker
     for layer in talker.code_predictor.model.layers:
         layer.self_attn.pack_projections()
         layer.mlp.pack_projections()
@@ -25,10 +36,10 @@ def packed_talker() -> Talker:
 
 
 @torch.inference_mode()
-def check_one_call_matches_the_layer_chain(batch: int) -> None:
+def check_one_call_matches_the_layer_chain(batch: int, same_width: int = 0) -> None:
     """In fp32, where only the order of each sum may differ: the chain's logits for codebooks 2-4, and the chain's
-    keys and values stored at each codebook's position."""
-    talker = packed_talker()
+    keys and values stored at each codebook's position (calls one after another: each finds its barrier count)."""
+    talker = packed_talker(bool(same_width))
     predictor = talker.code_predictor
     shape = talker.config.code_predictor
     num_groups = talker.config.num_code_groups

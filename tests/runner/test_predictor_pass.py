@@ -23,6 +23,10 @@ def test_one_call_gives_the_layer_chains_logits_and_stores_its_keys_and_values(b
     run_interpreted("tests.runner.interpreted_predictor_pass", "check_one_call_matches_the_layer_chain", batch)
 
 
+def test_a_predictor_as_wide_as_the_talker_reads_its_input_in_the_first_layer() -> None:
+    run_interpreted("tests.runner.interpreted_predictor_pass", "check_one_call_matches_the_layer_chain", 1, 1)
+
+
 @torch.inference_mode()
 def test_stacking_the_weights_leaves_the_modules_reading_the_same_values_in_place() -> None:
     talker = packed_talker()

@@ -101,7 +101,9 @@ class PredictorPass:
         self.attention_out = torch.zeros(MAX_ROWS, self.num_heads * self.head_dim, dtype=dtype, device=device)
         self.activations = torch.zeros(MAX_ROWS, self.intermediate_size, dtype=dtype, device=device)
         self.logits_out = torch.zeros(MAX_ROWS, self.vocab_size, dtype=torch.float32, device=device)
-        self.arrivals = torch.zeros(1, dtype=torch.int32, device=device)
+        # Counts every barrier arrival of every call; never reset (int64: it cannot wrap), each call finds its
+        # base from it (see the kernel).
+        self.arrivals = torch.zeros(1, dtype=torch.int64, device=device)
         # One program per SM: all resident at once, which the grid-wide barrier needs.
         self.num_programs = num_programs or torch.cuda.get_device_properties(device).multi_processor_count
         self.tile_rows, self.num_warps = tile_rows, num_warps
@@ -135,7 +137,6 @@ class PredictorPass:
         inputs = inputs.contiguous()
         cache = self.cache_storage
         projection = self.projection
-        self.arrivals.zero_()
         # At one row a tile reduces quickly and the memory's round trips show: each program holds two chunks in
         # flight outside gate/up (a quarter off o's phase, 1.7B codebooks 2-15 about 4% faster). At two rows the
         # reductions hide one round trip and the second chunk's registers cost more than it saves (about 5% slower
@@ -200,7 +201,7 @@ if triton is not None:
             tl.inline_asm_elementwise(
                 """{ .reg .pred %p_first; .reg .u32 %t_id;
                 mov.u32 %t_id, %tid.x; setp.eq.u32 %p_first, %t_id, 0;
-                @%p_first red.release.gpu.global.add.u32 [$1], 1;
+                @%p_first red.release.gpu.global.add.u64 [$1], 1;
                 mov.u32 $0, 0; }""", "=r,l", [arrivals_ptr], dtype=tl.int32, is_pure=False, pack=1)
         else:  # Triton's interpreter (one program at a time) runs no PTX
             tl.atomic_add(arrivals_ptr, 1, sem="release", scope="gpu")
@@ -215,13 +216,13 @@ if triton is not None:
         were before the count (an SM's L1 may hold a line another SM has since written)."""
         if ON_GPU:
             tl.inline_asm_elementwise(
-                """{ .reg .pred %p_wait; .reg .u32 %t_id; .reg .s32 %seen;
+                """{ .reg .pred %p_wait; .reg .u32 %t_id; .reg .s64 %seen;
                 mov.u32 %t_id, %tid.x; setp.ne.u32 %p_wait, %t_id, 0;
                 @%p_wait bra DONE_WAITING;
-                POLL: ld.volatile.global.s32 %seen, [$1];
-                setp.lt.s32 %p_wait, %seen, $2;
+                POLL: ld.volatile.global.s64 %seen, [$1];
+                setp.lt.s64 %p_wait, %seen, $2;
                 @%p_wait bra POLL;
-                DONE_WAITING: mov.u32 $0, 0; }""", "=r,l,r", [arrivals_ptr, target], dtype=tl.int32, is_pure=False,
+                DONE_WAITING: mov.u32 $0, 0; }""", "=r,l,l", [arrivals_ptr, target], dtype=tl.int32, is_pure=False,
                 pack=1)
         else:
             seen = tl.load(arrivals_ptr, volatile=True)
@@ -452,9 +453,18 @@ if triton is not None:
         qkv_width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
         attention_width: tl.constexpr = NUM_HEADS * HEAD_DIM
         no_norm = tl.zeros([BLOCK_B], tl.float32)
-        arrived = 0
+        # The counter is never reset (a memset before every call cost a graph node): each call adds
+        # NUM_BARRIERS * num_programs arrivals, and a program reads it before its first arrival, when the calls
+        # before have finished and this one's other programs have added fewer than num_programs (none can pass the
+        # first barrier without it). Rounding down to a whole number of calls gives this call's base.
+        NUM_BARRIERS: tl.constexpr = 5 * NUM_LAYERS + HAS_PROJECTION
+        arrivals_per_call = NUM_BARRIERS * num_programs
+        arrived = tl.load(arrivals_ptr, volatile=True)
+        arrived -= arrived % arrivals_per_call
 
-        # The input: projected to the predictor's width (bias added before rounding, as the GEMM's epilogue does).
+        # The input: projected to the predictor's width (bias added before rounding, as the GEMM's epilogue does),
+        # or, at the talker's width, copied for the rows whose residual this program adds in the first o phase (the
+        # same tiles): the first layer reads the input itself, and no barrier is needed.
         for tile in range(program, HIDDEN // TILE_ROWS, num_programs):
             row0 = tile * TILE_ROWS
             rows = row0 + tl.arange(0, TILE_ROWS)
@@ -469,16 +479,21 @@ if triton is not None:
                                 other=0.0)
             _store_rows(hidden_ptr, row0, value, batch, HIDDEN, BLOCK_B, TILE_ROWS)
         # Each barrier is split: a program arrives, loads the weights that open its next phase, then waits.
-        _arrive(arrivals_ptr, ON_GPU)
+        if HAS_PROJECTION:
+            _arrive(arrivals_ptr, ON_GPU)
         first, second = _opening_chunks(qkv_ptr, program, num_programs, qkv_width, HIDDEN, TILE_ROWS, CHUNK,
                                         TWO_AHEAD)
-        arrived += num_programs
-        _wait(arrivals_ptr, arrived, ON_GPU)
+        if HAS_PROJECTION:
+            arrived += num_programs
+            _wait(arrivals_ptr, arrived, ON_GPU)
 
         # A loop, not unrolled: five copies of the layer would cost minutes of compilation for nothing.
         for layer in range(NUM_LAYERS):
-            inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
-            _projection_phase(qkv_ptr + layer * qkv_width * HIDDEN, first, second, hidden_ptr, batch, inverse_rms,
+            layer_input = hidden_ptr
+            if not HAS_PROJECTION:
+                layer_input = tl.where(layer == 0, inputs_ptr, hidden_ptr)
+            inverse_rms = _inverse_rms(layer_input, batch, eps, HIDDEN, BLOCK_B)
+            _projection_phase(qkv_ptr + layer * qkv_width * HIDDEN, first, second, layer_input, batch, inverse_rms,
                               input_norms_ptr + layer * HIDDEN, qkv_out_ptr, program, num_programs, qkv_width, HIDDEN,
                               True, False, dtype, BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
             _arrive(arrivals_ptr, ON_GPU)
