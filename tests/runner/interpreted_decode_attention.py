@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tts_service.runner.kv_cache import PagedKVCache, decode_attention_triton
+from tts_service.runner.kv_cache import PagedKVCache, decode_attention_torch, decode_attention_triton, flat_slots
 
 
 def check_the_last_split_combines_as_the_combine_launch_does(num_splits: int) -> None:
@@ -30,3 +30,24 @@ def check_the_last_split_combines_as_the_combine_launch_does(num_splits: int) ->
     assert torch.equal(combined_in_place, combined_after)
     assert torch.equal(caches[0].storage, caches[1].storage)
     assert not arrivals.any()
+
+
+def check_the_kernel_attends_as_dense_attention_does(num_splits: int, early: int) -> None:
+    """Rows of one tile, of several, and one ending inside a split's first tile: the kernel's output equals dense
+    attention over the cache it left (holding the new key and value at each row's position), with each split's
+    first tile loaded ahead of the query (`early`, as at one row on a GPU) or in the loop."""
+    generator = torch.Generator().manual_seed(100 + num_splits)
+    batch, heads, kv_heads, head_dim, block_size = 3, 4, 2, 16, 32
+    cache = PagedKVCache(1, 9, block_size, kv_heads, head_dim, torch.float32, "cpu")
+    cache.storage.copy_(torch.randn(cache.storage.shape, generator=generator))
+    tables = torch.tensor([[0, 3, 6], [1, 4, 7], [2, 5, 8]], dtype=torch.int32)
+    positions = torch.tensor([90, 5, 33])
+    q = torch.randn(batch, heads, head_dim, generator=generator)
+    k, v = (torch.randn(batch, kv_heads, head_dim, generator=generator) for _ in range(2))
+    out = decode_attention_triton(cache.layer(0), q, k, v, tables, positions, cache.scratch_block, num_splits,
+                                  torch.zeros(batch, kv_heads, dtype=torch.int32), bool(early))
+    slots = flat_slots(tables, positions, block_size, cache.scratch_block)
+    flat_keys = cache.layer(0)[0].reshape(-1, kv_heads, head_dim)
+    assert torch.equal(flat_keys[slots], k)
+    expected = decode_attention_torch(cache.layer(0), q[:, :, None], tables, positions)[:, :, 0]
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

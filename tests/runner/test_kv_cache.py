@@ -334,3 +334,11 @@ def test_the_last_split_to_finish_combines_the_splits_in_the_interpreter(num_spl
     pytest.importorskip("triton")
     run_interpreted("tests.runner.interpreted_decode_attention",
                     "check_the_last_split_combines_as_the_combine_launch_does", num_splits)
+
+
+@pytest.mark.parametrize("early", [pytest.param(0, id="tiles-in-the-loop"), pytest.param(1, id="first-tile-ahead")])
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+def test_the_decode_kernel_attends_as_dense_attention_does_in_the_interpreter(num_splits: int, early: int) -> None:
+    pytest.importorskip("triton")
+    run_interpreted("tests.runner.interpreted_decode_attention", "check_the_kernel_attends_as_dense_attention_does",
+                    num_splits, early)

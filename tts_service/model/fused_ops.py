@@ -20,10 +20,13 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from tts_service.model.row_projections import launches_early
+
 try:  # Triton is optional: the CPU build and CI have none, and the eager path needs none.
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - depends on the environment
@@ -127,10 +130,12 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     num_k_rows = k.shape[0] * k.shape[1] * k.shape[2]
     # No fused multiply-adds: the eager chain rounds the mean square before adding eps and each RoPE product
     # before the sum. With them, about 11% of the outputs differed from it by a unit in the last place.
+    # Early at one token only, as the decode attention after it (`kv_cache.PagedDecodeBackend` says why).
+    early = launches_early(q.device) and q.shape[0] * q.shape[1] == 1
     _qk_norm_rope_kernel[(num_q_rows + num_k_rows,)](
         q, k, q_weight, k_weight, cos, sin, q_out, k_out, _token_stride(q), _token_stride(k), q.shape[2], k.shape[2],
-        num_q_rows, q.shape[1], cos.stride(0), sin.stride(0), eps, HEAD_DIM=head_dim, num_warps=1,
-        enable_fp_fusion=False)
+        num_q_rows, q.shape[1], cos.stride(0), sin.stride(0), eps, HEAD_DIM=head_dim, LAUNCHES_EARLY=early,
+        num_warps=1, enable_fp_fusion=False, launch_pdl=early)
     # Same memory layout as the eager chain's result: [B, T, H, D] storage seen as [B, H, T, D].
     return q_out.transpose(1, 2), k_out.transpose(1, 2)
 
@@ -404,8 +409,13 @@ if HAS_TRITON:
     @triton.jit
     def _qk_norm_rope_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                              q_token_stride, k_token_stride, num_q_heads, num_k_heads, num_q_rows, num_tokens,
-                             cos_batch_stride, sin_batch_stride, eps, HEAD_DIM: tl.constexpr):
-        # One launch for both: queries take the first rows of the grid, keys the rest.
+                             cos_batch_stride, sin_batch_stride, eps, HEAD_DIM: tl.constexpr,
+                             LAUNCHES_EARLY: tl.constexpr):
+        # One launch for both: queries take the first rows of the grid, keys the rest. As a programmatic
+        # dependent it starts while the projection before it finishes, and waits before reading anything.
+        if LAUNCHES_EARLY:
+            gdc_launch_dependents()
+            gdc_wait()
         row = tl.program_id(0).to(tl.int64)
         if row < num_q_rows:
             _norm_rope_row(q_ptr, q_weight_ptr, cos_ptr, sin_ptr, q_out_ptr, row, q_token_stride, num_q_heads,

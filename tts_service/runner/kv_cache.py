@@ -33,10 +33,12 @@ import torch
 import torch.nn.functional as F
 
 from tts_service.model.layers import repeat_kv
+from tts_service.model.row_projections import launches_early
 
 try:  # Triton is optional: the CPU build and CI have none, and the torch path needs none.
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - depends on the environment
@@ -202,6 +204,38 @@ if HAS_TRITON:
         tl.store(value_cache_ptr + slot + dims, value)
 
     @triton.jit
+    def _tile_kv(key_cache_ptr, value_cache_ptr, table_row, tile, context, kv_head, stride_cache_block,
+                 stride_cache_slot, stride_cache_head, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                 TILE: tl.constexpr):
+        """A tile's tokens (valid: inside the context) and their keys and values as the cache holds them."""
+        dims = tl.arange(0, HEAD_DIM)
+        tokens = tile * TILE + tl.arange(0, TILE)
+        valid = tokens < context
+        blocks = tl.load(table_row + tokens // BLOCK_SIZE, mask=valid, other=0)
+        slots = (blocks.to(tl.int64) * stride_cache_block
+                 + (tokens % BLOCK_SIZE).to(tl.int64) * stride_cache_slot + kv_head * stride_cache_head)
+        addresses = slots[:, None] + dims[None, :]
+        keys = tl.load(key_cache_ptr + addresses, mask=valid[:, None], other=0.0)
+        values = tl.load(value_cache_ptr + addresses, mask=valid[:, None], other=0.0)
+        return tokens, valid, keys, values
+
+    @triton.jit
+    def _attend_tile(query, tokens, valid, keys, values, position, new_key, new_value, running_max, running_sum,
+                     acc, scale_log2, DOT_PRECISION: tl.constexpr):
+        """One tile into the online softmax; the row's new key and value stand in for its slot's old contents."""
+        is_new = (tokens == position)[:, None]
+        keys = tl.where(is_new, new_key[None, :], keys)
+        values = tl.where(is_new, new_value[None, :], values)
+        scores = tl.dot(query, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, 1))
+        rescale = tl.exp2(running_max - new_max)
+        probabilities = tl.exp2(scores - new_max[:, None])
+        running_sum = running_sum * rescale + tl.sum(probabilities, 1)
+        acc = acc * rescale[:, None] + tl.dot(probabilities.to(values.dtype), values, input_precision=DOT_PRECISION)
+        return new_max, running_sum, acc
+
+    @triton.jit
     def _decode_attention_kernel(query_ptr, key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr,
                                  positions_ptr, out_ptr, lse_ptr, combined_ptr, arrivals_ptr,
                                  stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
@@ -212,17 +246,36 @@ if HAS_TRITON:
                                  scale_log2, max_blocks, scratch_block,
                                  GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                                 DOT_PRECISION: tl.constexpr, COMBINES: tl.constexpr, SPLITS_POW2: tl.constexpr):
+                                 DOT_PRECISION: tl.constexpr, COMBINES: tl.constexpr, SPLITS_POW2: tl.constexpr,
+                                 FIRST_TILE_AHEAD: tl.constexpr, LAUNCHES_EARLY: tl.constexpr):
         """One program per (row, kv head, split): all query heads of the group, online softmax. The row's new key
         and value are attended from the registers and written to the cache by split 0: no program reads that
         slot's memory for anything it keeps, so no other launch has to store them first. With COMBINES, the
         last split of a (row, kv head) to finish combines the group's splits (`_combine_head`, read through L2)
-        and resets its counter, in place of a second launch."""
+        and resets its counter, in place of a second launch. With FIRST_TILE_AHEAD the first tile of the cache
+        loads before the query, and with LAUNCHES_EARLY (a programmatic dependent) the position, the block table
+        and that tile load while the kernel before finishes: the caller vouches that they were written before it
+        began (the step's metadata, positions held before this step); only the query and the new key and value
+        wait for it."""
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         dims = tl.arange(0, HEAD_DIM)
         position = tl.load(positions_ptr + row)
+        # Clamping to the table's span keeps a bad position from reading past the row's table.
+        context = tl.minimum(position + 1, max_blocks * BLOCK_SIZE).to(tl.int32)
+        num_tiles = tl.cdiv(context, TILE)
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        first_tile = split * tiles_per_split
+        last_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)
+        table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
+        if FIRST_TILE_AHEAD:
+            first_tokens, first_valid, first_keys, first_values = _tile_kv(
+                key_cache_ptr, value_cache_ptr, table_row, first_tile, context, kv_head, stride_cache_block,
+                stride_cache_slot, stride_cache_head, HEAD_DIM, BLOCK_SIZE, TILE)
+        if LAUNCHES_EARLY:
+            gdc_launch_dependents()
+            gdc_wait()
         new_key = tl.load(key_ptr + row.to(tl.int64) * stride_kb + kv_head * stride_kh + dims)
         new_value = tl.load(value_ptr + row.to(tl.int64) * stride_vb + kv_head * stride_vh + dims)
         if split == 0:
@@ -238,41 +291,23 @@ if HAS_TRITON:
         query_rows = query_ptr + row.to(tl.int64) * stride_qb + query_heads[:, None] * stride_qh
         query = tl.load(query_rows + dims[None, :], mask=head_valid[:, None], other=0.0)
 
-        # Clamping to the table's span keeps a bad position from reading past the row's table.
-        context = tl.minimum(position + 1, max_blocks * BLOCK_SIZE).to(tl.int32)
-        num_tiles = tl.cdiv(context, TILE)
-        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-        first_tile = split * tiles_per_split
-        last_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)
-
         running_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
         running_sum = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-        table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
-        tile_tokens = tl.arange(0, TILE)
         # Every tile in [first_tile, last_tile) holds at least one valid token, so running_max is
         # finite after the first one and exp2(-inf - finite) = 0 rescales the empty start.
-        for tile in range(first_tile, last_tile):
-            tokens = tile * TILE + tile_tokens
-            valid = tokens < context
-            blocks = tl.load(table_row + tokens // BLOCK_SIZE, mask=valid, other=0)
-            slots = (blocks.to(tl.int64) * stride_cache_block
-                     + (tokens % BLOCK_SIZE).to(tl.int64) * stride_cache_slot + kv_head * stride_cache_head)
-            addresses = slots[:, None] + dims[None, :]
-            is_new = (tokens == position)[:, None]
-            keys = tl.where(is_new, new_key[None, :], tl.load(key_cache_ptr + addresses, mask=valid[:, None],
-                                                               other=0.0))
-            values = tl.where(is_new, new_value[None, :], tl.load(value_cache_ptr + addresses, mask=valid[:, None],
-                                                                   other=0.0))
-            scores = tl.dot(query, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
-            scores = tl.where(valid[None, :], scores, float("-inf"))
-            new_max = tl.maximum(running_max, tl.max(scores, 1))
-            rescale = tl.exp2(running_max - new_max)
-            probabilities = tl.exp2(scores - new_max[:, None])
-            running_sum = running_sum * rescale + tl.sum(probabilities, 1)
-            acc = acc * rescale[:, None] + tl.dot(probabilities.to(values.dtype), values,
-                                                  input_precision=DOT_PRECISION)
-            running_max = new_max
+        if FIRST_TILE_AHEAD:  # noqa: SIM102 - a compile-time branch: the first tile's names exist only in it
+            if first_tile < last_tile:
+                running_max, running_sum, acc = _attend_tile(
+                    query, first_tokens, first_valid, first_keys, first_values, position, new_key, new_value,
+                    running_max, running_sum, acc, scale_log2, DOT_PRECISION)
+        for tile in range(first_tile + FIRST_TILE_AHEAD, last_tile):
+            tokens, valid, keys, values = _tile_kv(key_cache_ptr, value_cache_ptr, table_row, tile, context, kv_head,
+                                                   stride_cache_block, stride_cache_slot, stride_cache_head,
+                                                   HEAD_DIM, BLOCK_SIZE, TILE)
+            running_max, running_sum, acc = _attend_tile(query, tokens, valid, keys, values, position, new_key,
+                                                         new_value, running_max, running_sum, acc, scale_log2,
+                                                         DOT_PRECISION)
 
         out_rows = out_ptr + row.to(tl.int64) * stride_ob + query_heads[:, None] * stride_oh + dims[None, :]
         if NUM_SPLITS == 1:
@@ -368,11 +403,15 @@ def store_kv_triton(layer_cache: torch.Tensor, key: torch.Tensor, value: torch.T
 
 def decode_attention_triton(layer_cache: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             block_tables: torch.Tensor, positions: torch.Tensor, scratch_block: int,
-                            num_splits: int, split_arrivals: torch.Tensor | None = None) -> torch.Tensor:
+                            num_splits: int, split_arrivals: torch.Tensor | None = None,
+                            early: bool = False) -> torch.Tensor:
     """Stores each row's new key/value [B, KV, D] at its position (as `store_kv_triton` does) and attends with
     query [B, H, D] over positions 0..positions[b] -> [B, H, D], in one launch; split-K when num_splits > 1,
     the splits combined by a second launch, or, given `split_arrivals` (int32 zeros, [>= B, KV] contiguous,
-    left zero again), by the last split of each (row, kv head) to finish."""
+    left zero again), by the last split of each (row, kv head) to finish. With `early`, each program loads its
+    first tile of the cache before the query and, on Hopper, launches as a programmatic dependent that reads the
+    positions, block tables and that tile while the kernel before it finishes: the caller vouches that all of
+    these were written before that kernel began."""
     key_cache, value_cache = layer_cache[0], layer_cache[1]
     query, key, value = _unit_last_stride(query), _unit_last_stride(key), _unit_last_stride(value)
     batch, num_heads, head_dim = query.shape
@@ -389,6 +428,7 @@ def decode_attention_triton(layer_cache: torch.Tensor, query: torch.Tensor, key:
         target_strides = (target.stride(0), target.stride(1), target.stride(2))
         lse_strides = (lse.stride(0), lse.stride(1))
     combines = num_splits > 1 and split_arrivals is not None
+    dependent = early and launches_early(query.device)
     _decode_attention_kernel[(batch, kv_heads, num_splits)](
         query, key, value, key_cache, value_cache, block_tables, positions, target, lse, out,
         split_arrivals if combines else positions,
@@ -400,7 +440,8 @@ def decode_attention_triton(layer_cache: torch.Tensor, query: torch.Tensor, key:
         BLOCK_SIZE=key_cache.shape[1], TILE=_decode_tile(query.dtype, block_tables.shape[1] * key_cache.shape[1]),
         NUM_SPLITS=num_splits,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", COMBINES=combines,
-        SPLITS_POW2=triton.next_power_of_2(num_splits), num_warps=4)
+        SPLITS_POW2=triton.next_power_of_2(num_splits), FIRST_TILE_AHEAD=early, LAUNCHES_EARLY=dependent,
+        num_warps=4, launch_pdl=dependent)
     if num_splits > 1 and not combines:
         _combine_splits_kernel[(batch, num_heads)](
             target, lse, out, target.stride(0), target.stride(1), target.stride(2),
@@ -477,6 +518,11 @@ class PagedDecodeBackend:
         self.positions = torch.zeros(max_batch_size, dtype=torch.int64, device=cache.device)
         # Each (row, kv head)'s count of finished splits, zero between launches (the last split resets it).
         self.split_arrivals = torch.zeros(max_batch_size, cache.num_kv_heads, dtype=torch.int32, device=cache.device)
+        # A decode step's metadata is uploaded, and the positions it holds written, before the step's first
+        # kernel, an ordinary launch that every later one follows: the kernel may read them while the one before
+        # it finishes. At one row only: there a frame took 0.09-0.10 ms less, at two rows 0.09 less at 0.6B but
+        # 0.05 more at 1.7B, and the tile loaded ahead made 256 rows 4% slower (BENCHMARKS.md, session 20).
+        self.launches_early = self.use_triton and launches_early(cache.device)
         self._num_sms = (torch.cuda.get_device_properties(cache.device).multi_processor_count
                          if self.use_triton else 0)
 
@@ -526,7 +572,7 @@ class PagedDecodeBackend:
         if self.use_triton:
             out = decode_attention_triton(layer_cache, query[:, :, 0], key[:, :, 0], value[:, :, 0], block_tables,
                                           positions, self.cache.scratch_block, self.num_splits(batch),
-                                          self.split_arrivals)
+                                          self.split_arrivals, self.launches_early and batch == 1)
             return out[:, :, None]
         slots = flat_slots(block_tables, positions, self.cache.block_size, self.cache.scratch_block)
         store_kv_torch(layer_cache, key[:, :, 0], value[:, :, 0], slots)
