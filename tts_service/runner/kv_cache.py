@@ -204,27 +204,28 @@ if HAS_TRITON:
         tl.store(value_cache_ptr + slot + dims, value)
 
     @triton.jit
-    def _tile_kv(key_cache_ptr, value_cache_ptr, table_row, tile, context, kv_head, stride_cache_block,
-                 stride_cache_slot, stride_cache_head, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                 TILE: tl.constexpr):
-        """A tile's tokens (valid: inside the context) and their keys and values as the cache holds them."""
+    def _tile_slots(table_row, tile, context, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
+                    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+        """A tile's tokens, which of them are inside the context, and where their keys (and values) lie."""
         dims = tl.arange(0, HEAD_DIM)
         tokens = tile * TILE + tl.arange(0, TILE)
         valid = tokens < context
         blocks = tl.load(table_row + tokens // BLOCK_SIZE, mask=valid, other=0)
         slots = (blocks.to(tl.int64) * stride_cache_block
                  + (tokens % BLOCK_SIZE).to(tl.int64) * stride_cache_slot + kv_head * stride_cache_head)
-        addresses = slots[:, None] + dims[None, :]
-        keys = tl.load(key_cache_ptr + addresses, mask=valid[:, None], other=0.0)
-        values = tl.load(value_cache_ptr + addresses, mask=valid[:, None], other=0.0)
-        return tokens, valid, keys, values
+        return tokens, valid, slots[:, None] + dims[None, :]
 
     @triton.jit
-    def _attend_tile(query, tokens, valid, keys, values, position, new_key, new_value, running_max, running_sum,
-                     acc, scale_log2, DOT_PRECISION: tl.constexpr):
-        """One tile into the online softmax; the row's new key and value stand in for its slot's old contents."""
+    def _attend_tile(query, tokens, valid, addresses, key_cache_ptr, value_cache_ptr, keys_ahead, values_ahead,
+                     position, new_key, new_value, running_max, running_sum, acc, scale_log2,
+                     DOT_PRECISION: tl.constexpr, AHEAD: tl.constexpr):
+        """One tile into the online softmax; the row's new key and value stand in for its slot's old contents.
+        With AHEAD the tile's keys and values were loaded already; else each loads here, the values after the
+        keys are in hand (loading both first made 256 rows 3.5% slower: BENCHMARKS.md, session 20)."""
         is_new = (tokens == position)[:, None]
+        keys = keys_ahead if AHEAD else tl.load(key_cache_ptr + addresses, mask=valid[:, None], other=0.0)
         keys = tl.where(is_new, new_key[None, :], keys)
+        values = values_ahead if AHEAD else tl.load(value_cache_ptr + addresses, mask=valid[:, None], other=0.0)
         values = tl.where(is_new, new_value[None, :], values)
         scores = tl.dot(query, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
         scores = tl.where(valid[None, :], scores, float("-inf"))
@@ -270,9 +271,11 @@ if HAS_TRITON:
         last_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)
         table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
         if FIRST_TILE_AHEAD:
-            first_tokens, first_valid, first_keys, first_values = _tile_kv(
-                key_cache_ptr, value_cache_ptr, table_row, first_tile, context, kv_head, stride_cache_block,
-                stride_cache_slot, stride_cache_head, HEAD_DIM, BLOCK_SIZE, TILE)
+            first_tokens, first_valid, first_addresses = _tile_slots(
+                table_row, first_tile, context, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
+                HEAD_DIM, BLOCK_SIZE, TILE)
+            first_keys = tl.load(key_cache_ptr + first_addresses, mask=first_valid[:, None], other=0.0)
+            first_values = tl.load(value_cache_ptr + first_addresses, mask=first_valid[:, None], other=0.0)
         if LAUNCHES_EARLY:
             gdc_launch_dependents()
             gdc_wait()
@@ -299,15 +302,16 @@ if HAS_TRITON:
         if FIRST_TILE_AHEAD:  # noqa: SIM102 - a compile-time branch: the first tile's names exist only in it
             if first_tile < last_tile:
                 running_max, running_sum, acc = _attend_tile(
-                    query, first_tokens, first_valid, first_keys, first_values, position, new_key, new_value,
-                    running_max, running_sum, acc, scale_log2, DOT_PRECISION)
+                    query, first_tokens, first_valid, first_addresses, key_cache_ptr, value_cache_ptr, first_keys,
+                    first_values, position, new_key, new_value, running_max, running_sum, acc, scale_log2,
+                    DOT_PRECISION, True)
         for tile in range(first_tile + FIRST_TILE_AHEAD, last_tile):
-            tokens, valid, keys, values = _tile_kv(key_cache_ptr, value_cache_ptr, table_row, tile, context, kv_head,
-                                                   stride_cache_block, stride_cache_slot, stride_cache_head,
-                                                   HEAD_DIM, BLOCK_SIZE, TILE)
-            running_max, running_sum, acc = _attend_tile(query, tokens, valid, keys, values, position, new_key,
-                                                         new_value, running_max, running_sum, acc, scale_log2,
-                                                         DOT_PRECISION)
+            tokens, valid, addresses = _tile_slots(table_row, tile, context, kv_head, stride_cache_block,
+                                                   stride_cache_slot, stride_cache_head, HEAD_DIM, BLOCK_SIZE, TILE)
+            running_max, running_sum, acc = _attend_tile(query, tokens, valid, addresses, key_cache_ptr,
+                                                         value_cache_ptr, None, None, position, new_key, new_value,
+                                                         running_max, running_sum, acc, scale_log2, DOT_PRECISION,
+                                                         False)
 
         out_rows = out_ptr + row.to(tl.int64) * stride_ob + query_heads[:, None] * stride_oh + dims[None, :]
         if NUM_SPLITS == 1:
