@@ -204,6 +204,17 @@ if HAS_TRITON:
         tl.store(value_cache_ptr + slot + dims, value)
 
     @triton.jit
+    def _split_tiles(position, split, max_blocks, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                     NUM_SPLITS: tl.constexpr):
+        """The row's context and the tiles [first, last) of it that this split attends."""
+        # Clamping to the table's span keeps a bad position from reading past the row's table.
+        context = tl.minimum(position + 1, max_blocks * BLOCK_SIZE).to(tl.int32)
+        num_tiles = tl.cdiv(context, TILE)
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        first_tile = split * tiles_per_split
+        return context, first_tile, tl.minimum(first_tile + tiles_per_split, num_tiles)
+
+    @triton.jit
     def _tile_slots(table_row, tile, context, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
                     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
         """A tile's tokens, which of them are inside the context, and where their keys (and values) lie."""
@@ -263,14 +274,9 @@ if HAS_TRITON:
         split = tl.program_id(2)
         dims = tl.arange(0, HEAD_DIM)
         position = tl.load(positions_ptr + row)
-        # Clamping to the table's span keeps a bad position from reading past the row's table.
-        context = tl.minimum(position + 1, max_blocks * BLOCK_SIZE).to(tl.int32)
-        num_tiles = tl.cdiv(context, TILE)
-        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-        first_tile = split * tiles_per_split
-        last_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)
-        table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
         if FIRST_TILE_AHEAD:
+            context, first_tile, last_tile = _split_tiles(position, split, max_blocks, BLOCK_SIZE, TILE, NUM_SPLITS)
+            table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
             first_tokens, first_valid, first_addresses = _tile_slots(
                 table_row, first_tile, context, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
                 HEAD_DIM, BLOCK_SIZE, TILE)
@@ -293,6 +299,11 @@ if HAS_TRITON:
         # Rows of the group beyond GROUP load zeros: tl.dot needs >= 16 rows, and zeros stay finite.
         query_rows = query_ptr + row.to(tl.int64) * stride_qb + query_heads[:, None] * stride_qh
         query = tl.load(query_rows + dims[None, :], mask=head_valid[:, None], other=0.0)
+        if not FIRST_TILE_AHEAD:
+            # Worked out after the loads, as this kernel always did: the only difference left from 36d0d5a's kernel
+            # when 256 rows ran 0.9% slower than with it (BENCHMARKS.md, session 20, call 6).
+            context, first_tile, last_tile = _split_tiles(position, split, max_blocks, BLOCK_SIZE, TILE, NUM_SPLITS)
+            table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
 
         running_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
         running_sum = tl.zeros([BLOCK_H], tl.float32)
