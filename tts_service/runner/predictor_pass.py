@@ -12,8 +12,8 @@ is (its 8 warps take up to 250 registers a thread, which leaves no room for a se
 percentage does, would leave some programs waiting for an SM that never frees: the kernel is not for such a
 share.) A program's tiles in a phase are few (one to four), so each round trip to memory it waits out shows:
 within a phase it loads each tile's weights before it reduces the tile before, and at one row it keeps two chunks
-in flight. The call takes about 125 us at one row (BENCHMARKS.md, sessions 17, 18 and 20), a quarter of it in the
-26 barriers (about 1.2 us each).
+in flight. The call takes about 125 us at one row (BENCHMARKS.md, sessions 17, 18 and 20), a quarter of it in its
+barriers (about 1.2 us each: 26 a call, 25 where the predictor is as wide as the talker).
 
 Rounding follows the eager chain as the other fused kernels do: each tensor the eager chain writes is rounded to
 the activation dtype where it writes it (the normalised input, the weighted input, each projection's output, the
