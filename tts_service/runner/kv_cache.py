@@ -536,7 +536,7 @@ class PagedDecodeBackend:
         # A decode step's metadata is uploaded, and the positions it holds written, before the step's first
         # kernel, an ordinary launch that every later one follows: the kernel may read them while the one before
         # it finishes. At one row only: there a frame took 0.09-0.10 ms less, at two rows 0.09 less at 0.6B but
-        # 0.05 more at 1.7B, and the tile loaded ahead made 256 rows 4% slower (BENCHMARKS.md, session 20).
+        # 0.05 more at 1.7B (BENCHMARKS.md, session 20).
         self.launches_early = self.use_triton and launches_early(cache.device)
         self._num_sms = (torch.cuda.get_device_properties(cache.device).multi_processor_count
                          if self.use_triton else 0)
