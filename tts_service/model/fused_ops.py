@@ -128,10 +128,10 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     num_q_rows = q.shape[0] * q.shape[1] * q.shape[2]
     num_k_rows = k.shape[0] * k.shape[1] * k.shape[2]
-    # No fused multiply-adds: the eager chain rounds the mean square before adding eps and each RoPE product
-    # before the sum. With them, about 11% of the outputs differed from it by a unit in the last place.
     # Early at one token only, as the decode attention after it (`kv_cache.PagedDecodeBackend` says why).
     early = launches_early(q.device) and q.shape[0] * q.shape[1] == 1
+    # No fused multiply-adds: the eager chain rounds the mean square before adding eps and each RoPE product
+    # before the sum. With them, about 11% of the outputs differed from it by a unit in the last place.
     _qk_norm_rope_kernel[(num_q_rows + num_k_rows,)](
         q, k, q_weight, k_weight, cos, sin, q_out, k_out, _token_stride(q), _token_stride(k), q.shape[2], k.shape[2],
         num_q_rows, q.shape[1], cos.stride(0), sin.stride(0), eps, HEAD_DIM=head_dim, LAUNCHES_EARLY=early,
