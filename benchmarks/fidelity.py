@@ -125,9 +125,9 @@ def predictor_logits(talker: Talker, talker_hidden: torch.Tensor, codes: torch.T
 
 @torch.inference_mode()
 def one_call_logits(talker: Talker, embeds: torch.Tensor, codes: torch.Tensor) -> TeacherForcedLogits | None:
-    """The engine's path at batch 1, where the code predictor's codebooks 2.. run as one kernel each
-    (`PredictorPass`): every frame on its own, its first call layer by layer with the paged memory, as the frame
-    step runs it. None where the kernel does not serve this device or model."""
+    """The engine's path at batch 1, where each of the code predictor's calls runs as one kernel (`PredictorPass`),
+    the frame's first, with its two tokens, too: every frame on its own, as the frame step runs it. None where the
+    kernel does not serve this device or model."""
     dtype, device = talker.codec_head.weight.dtype, embeds.device
     memory = PagedPredictorCache(talker, 1, dtype, device)
     call = predictor_call(talker, memory, dtype, device)
@@ -136,14 +136,12 @@ def one_call_logits(talker: Talker, embeds: torch.Tensor, codes: torch.Tensor) -
     talker_hidden = engine_talker_hidden(talker, embeds)
     predictor = talker.code_predictor
     num_groups = talker.config.num_code_groups
-    rope = predictor.rope_table(num_groups, dtype)
     logits = torch.empty(codes.shape[0], num_groups - 1, predictor.lm_head[0].out_features, device=device)
     for frame in range(codes.shape[0]):
         inputs = torch.stack([talker_hidden[frame:frame + 1], talker.embed_codec(codes[frame:frame + 1, 0])], dim=1)
-        logits[frame, 0] = predictor.logits(1, predictor_hidden(talker, 1, inputs, rope, memory)).float()[0]
-        for codebook in range(2, num_groups):
-            previous = predictor.embed(codebook - 1, codes[frame:frame + 1, codebook - 1])
-            logits[frame, codebook - 1] = call.logits(codebook, previous)[0]
+        for codebook in range(1, num_groups):
+            logits[frame, codebook - 1] = call.logits(codebook, inputs)[0]
+            inputs = predictor.embed(codebook, codes[frame:frame + 1, codebook])[:, None]
     return TeacherForcedLogits(talker.logits(talker_hidden).float(), logits)
 
 

@@ -13,7 +13,7 @@ from tts_service.model.talker import Talker
 from tts_service.runner.frame_codes import predictor_hidden
 from tts_service.runner.frame_step import PredictorCache
 from tts_service.runner.kv_cache import PagedKVCache
-from tts_service.runner.predictor_pass import PredictorPass
+from tts_service.runner.predictor_pass import MAX_ROWS, PredictorPass
 
 CPU = torch.device("cpu")
 
@@ -37,8 +37,9 @@ def packed_talker(same_width: bool = False) -> Talker:
 
 @torch.inference_mode()
 def check_one_call_matches_the_layer_chain(batch: int, same_width: int = 0) -> None:
-    """In fp32, where only the order of each sum may differ: the chain's logits for codebooks 2-4, and the chain's
-    keys and values stored at each codebook's position (calls one after another: each finds its barrier count)."""
+    """In fp32, where only the order of each sum may differ: the chain's logits for codebooks 1-4 (codebook 1, the
+    frame's first two tokens, where its rows fit the kernel's scratch), and the chain's keys and values stored at
+    each codebook's positions (calls one after another: each finds its barrier count)."""
     talker = packed_talker(bool(same_width))
     predictor = talker.code_predictor
     shape = talker.config.code_predictor
@@ -52,16 +53,25 @@ def check_one_call_matches_the_layer_chain(batch: int, same_width: int = 0) -> N
     hidden = torch.randn(batch, talker.config.layers.hidden_size, generator=generator)
     code = torch.randint(0, shape.vocab_size, (batch,), generator=generator)
     inputs = torch.stack([hidden, talker.embed_codec(code)], dim=1)
-    code = predictor.logits(1, predictor_hidden(talker, 1, inputs, rope, memory)).argmax(-1)
+    chain = predictor.logits(1, predictor_hidden(talker, 1, inputs, rope, memory))
+    if 2 * batch <= MAX_ROWS:
+        assert_matches_the_chain(one_call.logits(1, inputs), chain, paged.storage, memory, batch, (0, 1))
+    code = chain.argmax(-1)
     for codebook in (2, 3, 4):
         # The paged layout holds what the chain's memory holds for the positions before this one.
         paged.storage[:, 0, :batch, :codebook] = memory.keys[:, :batch, :, :codebook].transpose(2, 3)
         paged.storage[:, 1, :batch, :codebook] = memory.values[:, :batch, :, :codebook].transpose(2, 3)
-        previous = predictor.embed(codebook - 1, code)
-        chain = predictor.logits(codebook, predictor_hidden(talker, codebook, previous[:, None], rope, memory))
-        logits = one_call.logits(codebook, previous)
-        torch.testing.assert_close(logits, chain, rtol=1e-5, atol=1e-6)
-        for kind, held in ((0, memory.keys), (1, memory.values)):
-            torch.testing.assert_close(paged.storage[:, kind, :batch, codebook], held[:, :batch, :, codebook],
-                                       rtol=1e-5, atol=1e-6)
+        previous = predictor.embed(codebook - 1, code)[:, None]
+        chain = predictor.logits(codebook, predictor_hidden(talker, codebook, previous, rope, memory))
+        assert_matches_the_chain(one_call.logits(codebook, previous), chain, paged.storage, memory, batch,
+                                 (codebook,))
         code = chain.argmax(-1)
+
+
+def assert_matches_the_chain(logits: torch.Tensor, chain: torch.Tensor, storage: torch.Tensor,
+                             memory: PredictorCache, batch: int, positions: tuple[int, ...]) -> None:
+    torch.testing.assert_close(logits, chain, rtol=1e-5, atol=1e-6)
+    for position in positions:
+        for kind, held in ((0, memory.keys), (1, memory.values)):
+            torch.testing.assert_close(storage[:, kind, :batch, position], held[:, :batch, :, position],
+                                       rtol=1e-5, atol=1e-6)

@@ -30,7 +30,8 @@ def _numpy_gumbel_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab: int) ->
 
 def check_the_kernel_draws_what_the_chain_draws(vocab: int) -> None:
     """Rows with suppressed ids and many tied scores, every temperature/top-k edge (greedy, k = 1, k past the
-    vocabulary), seeds and draw indices over their whole ranges; top_p = 1, where the draws must be equal."""
+    vocabulary), seeds and draw indices over their whole ranges; top_p = 1, where the draws must be equal; and
+    each row of the embedding table the kernel copies for its draw."""
     sampling_kernel.libdevice = types.SimpleNamespace(log=_interpreter_log)
     batch = 96
     generator = torch.Generator().manual_seed(vocab)
@@ -42,8 +43,12 @@ def check_the_kernel_draws_what_the_chain_draws(vocab: int) -> None:
     rows = RowSampling(temperature, top_k, torch.ones(batch))
     seeds = torch.randint(0, 2**62, (batch,), generator=generator)
     draws = torch.randint(0, 2**31, (batch,), generator=generator)
-    drawn = sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws)
+    table = torch.randn(vocab, 48, generator=generator).bfloat16()
+    drawn, embedded = sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws,
+                                                  table)
     expected = sample_eager(scores, rows, _numpy_gumbel_noise(seeds, draws, vocab))
     assert torch.equal(drawn, expected), (drawn != expected).nonzero().flatten().tolist()
+    # Each program copies its own draw's row of the table, the next call's input.
+    assert torch.equal(embedded, table[expected])
     # The noise decided most of the draws: greedy rows alone would pass a kernel that ignored it.
     assert (drawn != scores.argmax(dim=-1)).sum() > batch // 4

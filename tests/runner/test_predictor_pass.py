@@ -16,8 +16,11 @@ pytest.importorskip("triton")
 CPU = torch.device("cpu")
 
 
-# One row holds two chunks of weights in flight a program, more rows one: each path against the chain.
-@pytest.mark.parametrize("batch", [pytest.param(1, id="one-row-two-chunks-ahead"),
+# One row holds two chunks of weights in flight a program, more rows one: each path against the chain. The frame's
+# first call holds two tokens a stream: at one stream its two rows, at two its four (the head reads each stream's
+# last); three streams' six are past the scratch.
+@pytest.mark.parametrize("batch", [pytest.param(1, id="one-row-two-chunks-ahead-first-call-two-rows"),
+                                   pytest.param(2, id="two-rows-first-call-four-rows"),
                                    pytest.param(3, id="three-rows-one-chunk-ahead")])
 def test_one_call_gives_the_layer_chains_logits_and_stores_its_keys_and_values(batch: int) -> None:
     run_interpreted("tests.runner.interpreted_predictor_pass", "check_one_call_matches_the_layer_chain", batch)

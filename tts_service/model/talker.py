@@ -74,6 +74,10 @@ class CodePredictor(nn.Module):
         """Embedding (in talker width) of codes of codebook 1..G-1."""
         return self.model.codec_embedding[codebook - 1](codes)
 
+    def embedding_table(self, codebook: int) -> torch.Tensor:
+        """The table [V, talker width] that `embed` looks codebook's codes up in."""
+        return self.model.codec_embedding[codebook - 1].weight
+
     def rope_table(self, num_positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [1, num_positions, head_dim] of positions 0, 1, ...: every frame's sequence starts at 0, so
         one table serves all its calls."""

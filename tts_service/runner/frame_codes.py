@@ -8,7 +8,14 @@ from typing import Protocol
 import torch
 
 from tts_service.model.talker import Talker
-from tts_service.runner.sampling import RowSampling, draws_in_kernel, gumbel_noise, penalize_repetitions, sample
+from tts_service.runner.sampling import (
+    RowSampling,
+    draws_in_kernel,
+    gumbel_noise,
+    penalize_repetitions,
+    sample,
+    sample_and_embed,
+)
 
 # The top of the codec vocabulary holds control ids the talker must never emit (EOS excepted).
 NUM_SUPPRESSED_IDS = 1024
@@ -53,9 +60,10 @@ def predictor_hidden(talker: Talker, codebook: int, inputs: torch.Tensor, rope: 
 
 
 class CodebookLogits(Protocol):
-    """A whole predictor call for codebooks 2..G-1 in one: the previous codebook's embedding in, logits out."""
+    """A whole predictor call in one: a codebook's inputs [B, T, talker width] in (the frame's first two tokens
+    for codebook 1, else the previous codebook's embedding), the logits of each stream's last token out."""
 
-    def applies_to(self, batch: int) -> bool: ...
+    def applies_to(self, num_rows: int) -> bool: ...
 
     def logits(self, codebook: int, inputs: torch.Tensor) -> torch.Tensor: ...
 
@@ -66,8 +74,8 @@ def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, cod
     """Run the code predictor for one frame: [B] codebook 0 -> [B, G-1] codebooks 1..G-1.
 
     The sequence is [talker hidden, embed(code 0)] at positions 0-1, then one code per step. `one_call`, where
-    it applies to the batch, computes codebooks 2.. (one token each) in place of the layer-by-layer chain, with the
-    same memory.
+    it applies to a call's rows (streams times tokens), computes that codebook in place of the layer-by-layer
+    chain, with the same memory.
     """
     predictor = talker.code_predictor
     inputs = torch.stack([talker_hidden, talker.embed_codec(code0)], dim=1)
@@ -78,15 +86,19 @@ def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, cod
     gumbel: torch.Tensor | None = None
     codes: list[torch.Tensor] = []
     rope = predictor.rope_table(num_groups, inputs.dtype)
-    whole_call = one_call if one_call is not None and one_call.applies_to(inputs.shape[0]) else None
     for codebook in range(1, num_groups):
-        if whole_call is not None and codebook > 1:
-            scores = whole_call.logits(codebook, inputs[:, 0])
+        if one_call is not None and one_call.applies_to(inputs.shape[0] * inputs.shape[1]):
+            scores = one_call.logits(codebook, inputs)
         else:
             scores = predictor.logits(codebook, predictor_hidden(talker, codebook, inputs, rope, memory)).float()
         if gumbel is None and not draws_in_kernel(scores):
             gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
-        code = sample(scores, rows, seeds, draws[:, codebook - 1], None if gumbel is None else gumbel[:, codebook - 1])
+        noise = None if gumbel is None else gumbel[:, codebook - 1]
+        if codebook + 1 < num_groups:
+            code, embedded = sample_and_embed(scores, rows, seeds, draws[:, codebook - 1],
+                                              predictor.embedding_table(codebook), noise)
+            inputs = embedded[:, None]
+        else:
+            code = sample(scores, rows, seeds, draws[:, codebook - 1], noise)
         codes.append(code)
-        inputs = predictor.embed(codebook, code)[:, None]
     return torch.stack(codes, dim=1)

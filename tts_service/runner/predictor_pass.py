@@ -1,4 +1,4 @@
-"""The code predictor's call for one codebook at batch 1 or 2, as one persistent kernel.
+"""The code predictor's call for one codebook at one or two rows (streams times tokens), as one persistent kernel.
 
 A codebook's pass through the predictor's five layers is about fifty kernels (per layer two norms, four
 projections, q/k norm with RoPE, attention, SiLU), each too small to keep the memory busy: at 1.7B on an H100 the
@@ -36,11 +36,12 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     triton = None
 
-# The largest batch the engine hands the kernel (it computes up to MAX_ROWS correctly). Measured on an H100
-# (BENCHMARKS.md, session 17, call 8), codebooks 2-15 at 1.7B: 2.07 ms against the layer chain's 2.84 at one row,
-# 2.55 against 2.85 at two, but 3.84 against 2.87 at four, where each row's reductions add up and the chain's
-# projections are no longer starved of work. Larger batches keep the chain.
-MAX_BATCH = 2
+# The most rows (streams times tokens: a frame's first call holds two a stream) the engine hands the kernel (it
+# computes up to MAX_ROWS correctly). Measured on an H100 (BENCHMARKS.md, session 17, call 8), codebooks 2-15 at
+# 1.7B: 2.07 ms against the layer chain's 2.84 at one row, 2.55 against 2.85 at two, but 3.84 against 2.87 at four,
+# where each row's reductions add up and the chain's projections are no longer starved of work. More rows keep
+# the chain.
+MAX_SERVED_ROWS = 2
 # Rows the kernel's scratch holds, and so the most it computes in one call.
 MAX_ROWS = 4
 _LOG2_E = 1.4426950408889634
@@ -124,17 +125,24 @@ class PredictorPass:
                 and _is_power_of_two(shape.head_dim) and _is_power_of_two(group) and _is_power_of_two(shape.hidden_size)
                 and shape.num_attention_heads % shape.num_key_value_heads == 0)
 
-    def applies_to(self, batch: int) -> bool:
-        return 1 <= batch <= MAX_BATCH
+    def applies_to(self, num_rows: int) -> bool:
+        """Whether the kernel beats the layer chain at `num_rows` rows (streams times tokens)."""
+        return 1 <= num_rows <= MAX_SERVED_ROWS
 
     def logits(self, codebook: int, inputs: torch.Tensor) -> torch.Tensor:
         """The head's logits [B, V] (fp32 holding the activation dtype's values, as `.float()` of the eager
-        logits) for `codebook` >= 2, whose `inputs` [B, talker width] are the previous codebook's embedding at
-        position `codebook`; stores that position's keys and values in the cache as the layers' attention does."""
-        batch = inputs.shape[0]
-        if not 2 <= codebook < self.rope_cos.shape[0] or not 1 <= batch <= MAX_ROWS:
-            raise ValueError(f"codebook {codebook} at batch {batch} is outside the kernel's range")
-        inputs = inputs.contiguous()
+        logits) for `codebook`, from each stream's `inputs` [B, T, talker width]: the previous codebook's embedding
+        at position `codebook` (T = 1), or for codebook 1 the frame's first two tokens at positions 0 and 1; stores
+        those positions' keys and values in the cache as the layers' attention does, and takes the logits of each
+        stream's last token."""
+        batch, num_tokens = inputs.shape[:2]
+        start = codebook + 1 - num_tokens
+        num_rows = batch * num_tokens
+        if not (1 <= codebook < self.rope_cos.shape[0] and num_tokens in (1, 2) and start >= 0
+                and 1 <= num_rows <= MAX_ROWS):
+            raise ValueError(f"codebook {codebook} with {num_tokens} tokens at batch {batch} is outside the "
+                             "kernel's range")
+        inputs = inputs.reshape(num_rows, inputs.shape[2]).contiguous()
         cache = self.cache_storage
         projection = self.projection
         # At one row a tile reduces quickly and the memory's round trips show: each program holds two chunks in
@@ -145,17 +153,17 @@ class PredictorPass:
             inputs, projection.weight if projection is not None else inputs,
             projection.bias if projection is not None else inputs,
             self.input_norms, self.qkv, self.q_norms, self.k_norms, self.o, self.post_norms, self.gate_up, self.down,
-            self.final_norm, self.heads[codebook - 1], self.rope_cos[codebook], self.rope_sin[codebook],
+            self.final_norm, self.heads[codebook - 1], self.rope_cos, self.rope_sin,
             cache, cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
             self.hidden, self.qkv_out, self.attention_out, self.activations, self.logits_out, self.arrivals,
-            batch, codebook, self.eps, _LOG2_E / math.sqrt(self.head_dim),
+            num_rows, start, self.eps, _LOG2_E / math.sqrt(self.head_dim),
             INPUT_SIZE=self.input_size, HIDDEN=self.hidden_size, NUM_HEADS=self.num_heads,
             NUM_KV_HEADS=self.num_kv_heads, HEAD_DIM=self.head_dim, INTERMEDIATE=self.intermediate_size,
             VOCAB=self.vocab_size, NUM_LAYERS=self.num_layers, HAS_PROJECTION=projection is not None,
-            HAS_BIAS=projection is not None and projection.bias is not None,
-            BLOCK_B=_next_power_of_two(batch), BLOCK_T=_next_power_of_two(self.rope_cos.shape[0]),
-            TILE_ROWS=self.tile_rows, CHUNK=self.chunk, TWO_AHEAD=batch == 1, ON_GPU=inputs.is_cuda,
-            num_warps=self.num_warps, enable_fp_fusion=False)
+            HAS_BIAS=projection is not None and projection.bias is not None, NUM_TOKENS=num_tokens,
+            BLOCK_B=_next_power_of_two(num_rows), BLOCK_S=_next_power_of_two(batch),
+            BLOCK_T=_next_power_of_two(self.rope_cos.shape[0]), TILE_ROWS=self.tile_rows, CHUNK=self.chunk,
+            TWO_AHEAD=num_rows == 1, ON_GPU=inputs.is_cuda, num_warps=self.num_warps, enable_fp_fusion=False)
         return self.logits_out[:batch]
 
 
@@ -257,11 +265,11 @@ if triton is not None:
         return first, second
 
     @triton.jit
-    def _inverse_rms(x_ptr, batch, eps, WIDTH: tl.constexpr, BLOCK_B: tl.constexpr):
-        """1 / rms of each of the first `batch` rows of x [*, WIDTH] -> [BLOCK_B] fp32."""
+    def _inverse_rms(x_ptr, x_stride, batch, eps, WIDTH: tl.constexpr, BLOCK_B: tl.constexpr):
+        """1 / rms of each of the first `batch` rows of x [*, WIDTH] (rows x_stride apart) -> [BLOCK_B] fp32."""
         rows = tl.arange(0, BLOCK_B)
         cols = tl.arange(0, WIDTH)
-        x = tl.load(x_ptr + rows[:, None] * WIDTH + cols[None, :], mask=rows[:, None] < batch, other=0.0,
+        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=rows[:, None] < batch, other=0.0,
                     cache_modifier=".cg").to(tl.float32)
         return tl.rsqrt(tl.sum(x * x, axis=1) / WIDTH + eps)
 
@@ -314,13 +322,13 @@ if triton is not None:
                        other=0.0, cache_modifier=".cg").to(tl.float32)
 
     @triton.jit
-    def _projection_phase(w_ptr, first, second, x_ptr, batch, inverse_rms, norm_ptr, out_ptr, program,
+    def _projection_phase(w_ptr, first, second, x_ptr, x_stride, batch, inverse_rms, norm_ptr, out_ptr, program,
                           num_programs, NUM_ROWS: tl.constexpr, K: tl.constexpr, HAS_NORM: tl.constexpr,
                           ADDS: tl.constexpr, value_dtype: tl.constexpr, BLOCK_B: tl.constexpr,
                           TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr, TWO_AHEAD: tl.constexpr):
-        """out[:, rows] = x @ w[rows].T, rounded to value_dtype, over this program's tiles (added into out, a
-        [B, NUM_ROWS] residual stream, when ADDS, rounding as a separate projection's output and sum do); `first`
-        and `second` hold its `_opening_chunks`, and as many load before a tile is reduced."""
+        """out[:, rows] = x @ w[rows].T (x's rows x_stride apart), rounded to value_dtype, over this program's tiles
+        (added into out, a [B, NUM_ROWS] residual stream, when ADDS, rounding as a separate projection's output and
+        sum do); `first` and `second` hold its `_opening_chunks`, and as many load before a tile is reduced."""
         for tile in range(program, NUM_ROWS // TILE_ROWS, num_programs):
             if TWO_AHEAD and K == CHUNK:
                 upcoming_first = second
@@ -331,7 +339,7 @@ if triton is not None:
             row0 = tile * TILE_ROWS
             if ADDS:
                 held = _held_rows(out_ptr, row0, batch, NUM_ROWS, BLOCK_B, TILE_ROWS)
-            acc = _project_tile(w_ptr, row0, x_ptr, K, batch, inverse_rms, norm_ptr, first, second, K, HAS_NORM,
+            acc = _project_tile(w_ptr, row0, x_ptr, x_stride, batch, inverse_rms, norm_ptr, first, second, K, HAS_NORM,
                                 True, TWO_AHEAD and K > CHUNK, BLOCK_B, TILE_ROWS, CHUNK)
             if ADDS:
                 _store_rows(out_ptr, row0, (held + acc.to(value_dtype).to(tl.float32)).to(value_dtype), batch,
@@ -376,62 +384,67 @@ if triton is not None:
         return (with_cos + with_sin).to(dtype).to(tl.float32)
 
     @triton.jit
-    def _attend(layer, row, kv_head, qkv_ptr, attention_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, cache_ptr,
-                stride_layer, stride_kv, stride_block, stride_slot, stride_head, position, eps, scale_log2,
-                NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BLOCK_T: tl.constexpr):
-        """One (row, kv head): its queries and key normalised and rotated, the key and value stored at `position`
-        of the row's block (block `row`, as the predictor's paged memory lays them out), and the group's queries
-        attended over positions 0..position, as the decode attention kernel computes them."""
+    def _attend(layer, sequence, kv_head, qkv_ptr, attention_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr,
+                cache_ptr, stride_layer, stride_kv, stride_block, stride_slot, stride_head, start, eps, scale_log2,
+                NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
+                NUM_TOKENS: tl.constexpr):
+        """One (sequence, kv head), for each of the sequence's NUM_TOKENS tokens in turn (rows sequence *
+        NUM_TOKENS.. of q/k/v, at positions start..): its queries and key normalised and rotated, the key and value
+        stored at its position of the sequence's block (block `sequence`, as the predictor's paged memory lays them
+        out), and the group's queries attended over positions 0..its own, as the decode attention kernel (one
+        token) and causal attention (the frame's first call, two) compute them."""
         dtype = qkv_ptr.dtype.element_ty
         group: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
         qkv_width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
         cols = tl.arange(0, HEAD_DIM)
         partner_cols = (cols + HEAD_DIM // 2) % HEAD_DIM
         heads = kv_head * group + tl.arange(0, group)
-        base = qkv_ptr + row * qkv_width
-        cos = tl.load(cos_ptr + cols).to(tl.float32)
-        sin = tl.load(sin_ptr + cols).to(tl.float32)
-        # The positions already held load first, beside q/k/v: they never include the one stored below, so
-        # their round trip need not wait for the stores.
+        # The positions already held load first, beside q/k/v: they never include one stored below, so their
+        # round trip need not wait for the stores.
         slots = tl.arange(0, BLOCK_T)
-        head_base = (tl.cast(stride_layer, tl.int64) * layer + tl.cast(row, tl.int64) * stride_block
+        head_base = (tl.cast(stride_layer, tl.int64) * layer + tl.cast(sequence, tl.int64) * stride_block
                      + kv_head * stride_head)
         key_slots = cache_ptr + head_base + slots[:, None] * stride_slot + cols[None, :]
-        held = slots[:, None] < position
-        held_keys = tl.load(key_slots, mask=held, other=0.0).to(tl.float32)
-        held_values = tl.load(key_slots + stride_kv, mask=held, other=0.0).to(tl.float32)
-
+        held = slots[:, None] < start
+        keys = tl.load(key_slots, mask=held, other=0.0).to(tl.float32)
+        values = tl.load(key_slots + stride_kv, mask=held, other=0.0).to(tl.float32)
         q_norm = tl.load(q_norm_ptr + layer * HEAD_DIM + cols).to(tl.float32)
         q_norm_partner = tl.load(q_norm_ptr + layer * HEAD_DIM + partner_cols).to(tl.float32)
-        q_rows = base + heads[:, None] * HEAD_DIM
-        query = _norm_rope(tl.load(q_rows + cols[None, :], cache_modifier=".cg").to(tl.float32),
-                           tl.load(q_rows + partner_cols[None, :], cache_modifier=".cg").to(tl.float32),
-                           q_norm, q_norm_partner, cos, sin, eps, HEAD_DIM, dtype)
-
         k_norm = tl.load(k_norm_ptr + layer * HEAD_DIM + cols).to(tl.float32)
         k_norm_partner = tl.load(k_norm_ptr + layer * HEAD_DIM + partner_cols).to(tl.float32)
-        k_row = base + NUM_HEADS * HEAD_DIM + kv_head * HEAD_DIM
-        new_key = _norm_rope(tl.load(k_row + cols[None, :], cache_modifier=".cg").to(tl.float32),
-                             tl.load(k_row + partner_cols[None, :], cache_modifier=".cg").to(tl.float32),
-                             k_norm, k_norm_partner, cos, sin, eps, HEAD_DIM, dtype)
-        new_value = tl.load(base + (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + kv_head * HEAD_DIM + cols[None, :],
-                            cache_modifier=".cg").to(tl.float32)
 
-        tl.store(cache_ptr + head_base + position * stride_slot + cols[None, :], new_key.to(dtype))
-        tl.store(cache_ptr + stride_kv + head_base + position * stride_slot + cols[None, :], new_value.to(dtype))
-        is_new = slots[:, None] == position
-        keys = tl.where(is_new, new_key, held_keys)
-        values = tl.where(is_new, new_value, held_values)
+        # A token's keys join the ones before it; the positions after it are masked out of its scores.
+        for token in tl.static_range(NUM_TOKENS):
+            position = start + token
+            row = sequence * NUM_TOKENS + token
+            base = qkv_ptr + row * qkv_width
+            cos = tl.load(cos_ptr + position * HEAD_DIM + cols).to(tl.float32)
+            sin = tl.load(sin_ptr + position * HEAD_DIM + cols).to(tl.float32)
+            q_rows = base + heads[:, None] * HEAD_DIM
+            query = _norm_rope(tl.load(q_rows + cols[None, :], cache_modifier=".cg").to(tl.float32),
+                               tl.load(q_rows + partner_cols[None, :], cache_modifier=".cg").to(tl.float32),
+                               q_norm, q_norm_partner, cos, sin, eps, HEAD_DIM, dtype)
+            k_row = base + NUM_HEADS * HEAD_DIM + kv_head * HEAD_DIM
+            new_key = _norm_rope(tl.load(k_row + cols[None, :], cache_modifier=".cg").to(tl.float32),
+                                 tl.load(k_row + partner_cols[None, :], cache_modifier=".cg").to(tl.float32),
+                                 k_norm, k_norm_partner, cos, sin, eps, HEAD_DIM, dtype)
+            new_value = tl.load(base + (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + kv_head * HEAD_DIM + cols[None, :],
+                                cache_modifier=".cg").to(tl.float32)
 
-        scores = tl.sum(query[:, None, :] * keys[None, :, :], axis=2) * scale_log2
-        scores = tl.where(slots[None, :] <= position, scores, float("-inf"))
-        probabilities = tl.exp2(scores - tl.max(scores, axis=1)[:, None])
-        total = tl.sum(probabilities, axis=1)
-        weighted = probabilities.to(dtype).to(tl.float32)
-        out = tl.sum(weighted[:, :, None] * values[None, :, :], axis=1) / total[:, None]
-        tl.store(attention_ptr + row * (NUM_HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + cols[None, :],
-                 out.to(dtype))
+            tl.store(cache_ptr + head_base + position * stride_slot + cols[None, :], new_key.to(dtype))
+            tl.store(cache_ptr + stride_kv + head_base + position * stride_slot + cols[None, :], new_value.to(dtype))
+            is_new = slots[:, None] == position
+            keys = tl.where(is_new, new_key, keys)
+            values = tl.where(is_new, new_value, values)
+
+            scores = tl.sum(query[:, None, :] * keys[None, :, :], axis=2) * scale_log2
+            scores = tl.where(slots[None, :] <= position, scores, float("-inf"))
+            probabilities = tl.exp2(scores - tl.max(scores, axis=1)[:, None])
+            total = tl.sum(probabilities, axis=1)
+            weighted = probabilities.to(dtype).to(tl.float32)
+            out = tl.sum(weighted[:, :, None] * values[None, :, :], axis=1) / total[:, None]
+            tl.store(attention_ptr + row * (NUM_HEADS * HEAD_DIM) + heads[:, None] * HEAD_DIM + cols[None, :],
+                     out.to(dtype))
 
     @triton.jit
     def _predictor_pass_kernel(
@@ -440,16 +453,18 @@ if triton is not None:
             final_norm_ptr, head_ptr, cos_ptr, sin_ptr,
             cache_ptr, stride_layer, stride_kv, stride_block, stride_slot, stride_head,
             hidden_ptr, qkv_out_ptr, attention_ptr, activations_ptr, logits_ptr, arrivals_ptr,
-            batch, position, eps, scale_log2,
+            num_rows, start, eps, scale_log2,
             INPUT_SIZE: tl.constexpr, HIDDEN: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
             HEAD_DIM: tl.constexpr, INTERMEDIATE: tl.constexpr, VOCAB: tl.constexpr, NUM_LAYERS: tl.constexpr,
-            HAS_PROJECTION: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
-            TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr, TWO_AHEAD: tl.constexpr, ON_GPU: tl.constexpr):
+            HAS_PROJECTION: tl.constexpr, HAS_BIAS: tl.constexpr, NUM_TOKENS: tl.constexpr, BLOCK_B: tl.constexpr,
+            BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr,
+            TWO_AHEAD: tl.constexpr, ON_GPU: tl.constexpr):
         program = tl.program_id(0)
         num_programs = tl.num_programs(0)
         dtype = hidden_ptr.dtype.element_ty
         batch_rows = tl.arange(0, BLOCK_B)
-        in_batch = batch_rows[:, None] < batch
+        in_batch = batch_rows[:, None] < num_rows
+        num_sequences = num_rows // NUM_TOKENS
         qkv_width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
         attention_width: tl.constexpr = NUM_HEADS * HEAD_DIM
         no_norm = tl.zeros([BLOCK_B], tl.float32)
@@ -469,7 +484,7 @@ if triton is not None:
             row0 = tile * TILE_ROWS
             rows = row0 + tl.arange(0, TILE_ROWS)
             if HAS_PROJECTION:
-                acc = _project_tile(projection_ptr, row0, inputs_ptr, INPUT_SIZE, batch, no_norm, projection_ptr,
+                acc = _project_tile(projection_ptr, row0, inputs_ptr, INPUT_SIZE, num_rows, no_norm, projection_ptr,
                                     no_norm, no_norm, INPUT_SIZE, False, False, False, BLOCK_B, TILE_ROWS, CHUNK)
                 if HAS_BIAS:
                     acc += tl.load(projection_bias_ptr + rows).to(tl.float32)[None, :]
@@ -477,7 +492,7 @@ if triton is not None:
             else:
                 value = tl.load(inputs_ptr + batch_rows[:, None] * INPUT_SIZE + rows[None, :], mask=in_batch,
                                 other=0.0)
-            _store_rows(hidden_ptr, row0, value, batch, HIDDEN, BLOCK_B, TILE_ROWS)
+            _store_rows(hidden_ptr, row0, value, num_rows, HIDDEN, BLOCK_B, TILE_ROWS)
         # Each barrier is split: a program arrives, loads the weights that open its next phase, then waits.
         if HAS_PROJECTION:
             _arrive(arrivals_ptr, ON_GPU)
@@ -492,8 +507,9 @@ if triton is not None:
             layer_input = hidden_ptr
             if not HAS_PROJECTION:
                 layer_input = tl.where(layer == 0, inputs_ptr, hidden_ptr)
-            inverse_rms = _inverse_rms(layer_input, batch, eps, HIDDEN, BLOCK_B)
-            _projection_phase(qkv_ptr + layer * qkv_width * HIDDEN, first, second, layer_input, batch, inverse_rms,
+            inverse_rms = _inverse_rms(layer_input, HIDDEN, num_rows, eps, HIDDEN, BLOCK_B)
+            _projection_phase(qkv_ptr + layer * qkv_width * HIDDEN, first, second, layer_input, HIDDEN, num_rows,
+                              inverse_rms,
                               input_norms_ptr + layer * HIDDEN, qkv_out_ptr, program, num_programs, qkv_width, HIDDEN,
                               True, False, dtype, BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
             _arrive(arrivals_ptr, ON_GPU)
@@ -502,15 +518,16 @@ if triton is not None:
             arrived += num_programs
             _wait(arrivals_ptr, arrived, ON_GPU)
 
-            for item in range(program, batch * NUM_KV_HEADS, num_programs):
+            for item in range(program, num_sequences * NUM_KV_HEADS, num_programs):
                 _attend(layer, item // NUM_KV_HEADS, item % NUM_KV_HEADS, qkv_out_ptr, attention_ptr, q_norms_ptr,
                         k_norms_ptr, cos_ptr, sin_ptr, cache_ptr, stride_layer, stride_kv, stride_block, stride_slot,
-                        stride_head, position, eps, scale_log2, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_T)
+                        stride_head, start, eps, scale_log2, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_T, NUM_TOKENS)
             _arrive(arrivals_ptr, ON_GPU)
             arrived += num_programs
             _wait(arrivals_ptr, arrived, ON_GPU)
 
-            _projection_phase(o_ptr + layer * HIDDEN * attention_width, first, second, attention_ptr, batch, no_norm,
+            _projection_phase(o_ptr + layer * HIDDEN * attention_width, first, second, attention_ptr, attention_width,
+                              num_rows, no_norm,
                               o_ptr, hidden_ptr, program, num_programs, HIDDEN, attention_width, False, True, dtype,
                               BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
             _arrive(arrivals_ptr, ON_GPU)
@@ -519,9 +536,9 @@ if triton is not None:
             arrived += num_programs
             _wait(arrivals_ptr, arrived, ON_GPU)
 
-            inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
+            inverse_rms = _inverse_rms(hidden_ptr, HIDDEN, num_rows, eps, HIDDEN, BLOCK_B)
             post_norm = post_norms_ptr + layer * HIDDEN
-            _gate_up_phase(layer_gate_up, first, hidden_ptr, batch, inverse_rms, post_norm, activations_ptr, program,
+            _gate_up_phase(layer_gate_up, first, hidden_ptr, num_rows, inverse_rms, post_norm, activations_ptr, program,
                            num_programs, HIDDEN, INTERMEDIATE, BLOCK_B, TILE_ROWS, CHUNK)
             _arrive(arrivals_ptr, ON_GPU)
             first, second = _opening_chunks(down_ptr + layer * HIDDEN * INTERMEDIATE, program, num_programs, HIDDEN,
@@ -529,7 +546,8 @@ if triton is not None:
             arrived += num_programs
             _wait(arrivals_ptr, arrived, ON_GPU)
 
-            _projection_phase(down_ptr + layer * HIDDEN * INTERMEDIATE, first, second, activations_ptr, batch, no_norm,
+            _projection_phase(down_ptr + layer * HIDDEN * INTERMEDIATE, first, second, activations_ptr, INTERMEDIATE,
+                              num_rows, no_norm,
                               down_ptr, hidden_ptr, program, num_programs, HIDDEN, INTERMEDIATE, False, True, dtype,
                               BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
             _arrive(arrivals_ptr, ON_GPU)
@@ -542,6 +560,9 @@ if triton is not None:
             arrived += num_programs
             _wait(arrivals_ptr, arrived, ON_GPU)
 
-        inverse_rms = _inverse_rms(hidden_ptr, batch, eps, HIDDEN, BLOCK_B)
-        _projection_phase(head_ptr, first, second, hidden_ptr, batch, inverse_rms, final_norm_ptr, logits_ptr, program,
-                          num_programs, VOCAB, HIDDEN, True, False, dtype, BLOCK_B, TILE_ROWS, CHUNK, TWO_AHEAD)
+        # The head reads each sequence's last token alone.
+        last_rows = hidden_ptr + (NUM_TOKENS - 1) * HIDDEN
+        inverse_rms = _inverse_rms(last_rows, NUM_TOKENS * HIDDEN, num_sequences, eps, HIDDEN, BLOCK_S)
+        _projection_phase(head_ptr, first, second, last_rows, NUM_TOKENS * HIDDEN, num_sequences, inverse_rms,
+                          final_norm_ptr, logits_ptr, program, num_programs, VOCAB, HIDDEN, True, False, dtype, BLOCK_S,
+                          TILE_ROWS, CHUNK, TWO_AHEAD)

@@ -106,10 +106,22 @@ def sample(scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: 
     noise included (`sampling_kernel`: the same draws where top_p = 1; top-p's cut may differ at float
     rounding)."""
     if draws_in_kernel(scores):
-        return sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws)
+        return sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws)[0]
     if gumbel is None:
         gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
     return sample_eager(scores, rows, gumbel)
+
+
+def sample_and_embed(scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
+                     embedding: torch.Tensor, gumbel: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample`, and the drawn ids' rows of the `embedding` table [V, W] -> (ids [B], [B, W]). On CUDA the sampling
+    kernel copies each row as it draws its id (one lookup kernel fewer a codebook)."""
+    if draws_in_kernel(scores):
+        ids, embedded = sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws,
+                                                    embedding)
+        return ids, embedded
+    ids = sample(scores, rows, seeds, draws, gumbel)
+    return ids, embedding[ids]
 
 
 def sample_eager(scores: torch.Tensor, rows: RowSampling, gumbel: torch.Tensor) -> torch.Tensor:
