@@ -1,5 +1,6 @@
 """Sampling on a GPU: a frame's 15 draws of noise made at once give each draw's own noise bit for bit, and the
-sampling kernel, which makes each row's noise itself, draws what the torch chain draws with `gumbel_noise`."""
+sampling kernels, which make each row's noise themselves, draw what the torch chain draws with `gumbel_noise`
+(the codebook-0 kernel also penalising, blocking and suppressing as the chain does)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from tests.runner.codebook0_case import Codebook0Case
 from tts_service.runner import sampling_kernel
 from tts_service.runner.sampling import RowSampling, gumbel_noise, sample_eager
 
@@ -100,3 +102,8 @@ def test_the_sampling_kernel_never_draws_a_removed_token() -> None:
     got = rows.kernel_draws()
     assert bool((got < 16).all())
     assert bool(torch.isfinite(rows.scores.gather(1, got[:, None])).all())
+
+
+def test_the_codebook0_kernel_penalises_blocks_suppresses_and_draws_as_the_chain_does_on_the_gpu() -> None:
+    case = Codebook0Case.random(3072, torch.device("cuda"))
+    case.check(lambda seeds, draws: gumbel_noise(seeds, draws, 3072))

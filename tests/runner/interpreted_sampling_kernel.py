@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tests.runner.codebook0_case import Codebook0Case
 from tts_service.runner import sampling_kernel
 from tts_service.runner.sampling import RowSampling, sample_eager, uniform_noise
 
@@ -52,3 +53,11 @@ def check_the_kernel_draws_what_the_chain_draws(vocab: int) -> None:
     assert torch.equal(embedded, table[expected])
     # The noise decided most of the draws: greedy rows alone would pass a kernel that ignored it.
     assert (drawn != scores.argmax(dim=-1)).sum() > batch // 4
+
+
+def check_the_codebook0_kernel_draws_what_the_chain_draws(vocab: int) -> None:
+    """`Codebook0Case`'s rows: the kernel's ids, `seen` rows and embeddings are the chain's (its noise through
+    numpy's log, as the interpreter's kernel takes it)."""
+    sampling_kernel.libdevice = types.SimpleNamespace(log=_interpreter_log)
+    case = Codebook0Case.random(vocab, torch.device("cpu"))
+    case.check(lambda seeds, draws: _numpy_gumbel_noise(seeds, draws, vocab))

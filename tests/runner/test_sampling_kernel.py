@@ -13,3 +13,9 @@ pytest.importorskip("triton")
 @pytest.mark.parametrize("vocab", [2048, 3072])
 def test_the_sampling_kernel_draws_what_the_torch_chain_draws_and_copies_each_draws_embedding(vocab: int) -> None:
     run_interpreted("tests.runner.interpreted_sampling_kernel", "check_the_kernel_draws_what_the_chain_draws", vocab)
+
+
+@pytest.mark.parametrize("vocab", [3072])
+def test_the_codebook0_kernel_penalises_blocks_suppresses_and_draws_as_the_chain_does(vocab: int) -> None:
+    run_interpreted("tests.runner.interpreted_sampling_kernel", "check_the_codebook0_kernel_draws_what_the_chain_draws",
+                    vocab)

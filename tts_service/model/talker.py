@@ -129,6 +129,10 @@ class Talker(nn.Module):
     def embed_codec(self, codec_ids: torch.Tensor) -> torch.Tensor:
         return self.model.codec_embedding(codec_ids)
 
+    def codec_embedding_table(self) -> torch.Tensor:
+        """The table [V, hidden] that `embed_codec` looks codebook 0's ids up in."""
+        return self.model.codec_embedding.weight
+
     def embed_frame(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [..., G] -> the sum of every codebook's embedding [..., hidden]."""
         if self.frame_table is not None:

@@ -70,15 +70,18 @@ class CodebookLogits(Protocol):
 
 def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, code0: torch.Tensor,
                                 rows: RowSampling, seeds: torch.Tensor, first_draw: torch.Tensor,
-                                memory: PredictorMemory, one_call: CodebookLogits | None = None) -> torch.Tensor:
+                                memory: PredictorMemory, one_call: CodebookLogits | None = None,
+                                code0_embedding: torch.Tensor | None = None) -> torch.Tensor:
     """Run the code predictor for one frame: [B] codebook 0 -> [B, G-1] codebooks 1..G-1.
 
     The sequence is [talker hidden, embed(code 0)] at positions 0-1, then one code per step. `one_call`, where
     it applies to a call's rows (streams times tokens), computes that codebook in place of the layer-by-layer
-    chain, with the same memory.
+    chain, with the same memory. `code0_embedding` is code 0's embedding where the caller has it already.
     """
     predictor = talker.code_predictor
-    inputs = torch.stack([talker_hidden, talker.embed_codec(code0)], dim=1)
+    if code0_embedding is None:
+        code0_embedding = talker.embed_codec(code0)
+    inputs = torch.stack([talker_hidden, code0_embedding], dim=1)
     num_groups = talker.config.num_code_groups
     # Where the sampling kernel does not make its own noise, the noise of draws `first_draw + codebook` for
     # codebooks 1..G-1 is made at once, [B, G-1, V]: one set of kernels instead of fifteen.

@@ -25,6 +25,7 @@ from tts_service.runner.kv_cache import PagedKVCache, decode_attention_triton, s
 from tts_service.runner.params import GenerationParams
 from tts_service.runner.predictor_pass import PredictorPass
 from tts_service.runner.sampling import RowSampling, sample
+from tts_service.runner.sampling_kernel import SlotTensors, codebook0_kernel_applies, sample_codebook0
 
 
 def queued_upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -171,6 +172,11 @@ class SlotState:
             tensor.index_copy_(0, rows, ints[:, column])
         self.seen.index_fill_(0, rows, False)
 
+    def talker_slots(self) -> SlotTensors:
+        """What the codebook-0 kernel reads through each row's slot (the same tensors, not copies)."""
+        return SlotTensors(self.talker_temperature, self.talker_top_k, self.talker_top_p, self.seeds,
+                           self.repetition_penalty, self.min_frames, self.seen)
+
     def talker_rows(self, slots: torch.Tensor) -> RowSampling:
         return RowSampling(self.talker_temperature[slots], self.talker_top_k[slots], self.talker_top_p[slots])
 
@@ -190,19 +196,28 @@ class FrameSampler:
         self.predictor_call = predictor_call
         self.suppressed = suppressed_ids_mask(talker)
         self.num_groups = talker.config.num_code_groups
+        self.talker_slots = state.talker_slots()
 
     def __call__(self, hidden: torch.Tensor, slots: torch.Tensor, frame_index: torch.Tensor) -> torch.Tensor:
         state = self.state
-        scores = process_codebook0_logits(self.talker.logits(hidden), state.seen[slots],
-                                          state.repetition_penalty[slots], self.suppressed,
-                                          frame_index < state.min_frames[slots], self.talker.config.codec_eos_id)
+        talker = self.talker
+        logits = talker.logits(hidden)
         seeds = state.seeds[slots]
         draws = frame_index * self.num_groups
-        code0 = sample(scores, state.talker_rows(slots), seeds, draws)
-        # A device-side value: a Python scalar here would be a host copy, which graph capture forbids.
-        state.seen.index_put_((slots, code0), torch.ones_like(code0, dtype=torch.bool))
-        rest = predict_remaining_codebooks(self.talker, hidden, code0, state.predictor_rows(slots), seeds, draws,
-                                           self.predictor_cache, self.predictor_call)
+        code0_embedding = None
+        if codebook0_kernel_applies(logits):
+            code0, code0_embedding = sample_codebook0(logits, slots, frame_index, self.talker_slots, self.suppressed,
+                                                      talker.config.codec_eos_id, self.num_groups,
+                                                      talker.codec_embedding_table())
+        else:
+            scores = process_codebook0_logits(logits, state.seen[slots], state.repetition_penalty[slots],
+                                              self.suppressed, frame_index < state.min_frames[slots],
+                                              talker.config.codec_eos_id)
+            code0 = sample(scores, state.talker_rows(slots), seeds, draws)
+            # A device-side value: a Python scalar here would be a host copy, which graph capture forbids.
+            state.seen.index_put_((slots, code0), torch.ones_like(code0, dtype=torch.bool))
+        rest = predict_remaining_codebooks(talker, hidden, code0, state.predictor_rows(slots), seeds, draws,
+                                           self.predictor_cache, self.predictor_call, code0_embedding)
         frame = torch.cat([code0[:, None], rest], dim=1)
         state.last_frame[slots] = frame
         return frame

@@ -21,6 +21,8 @@ are kept together here where the chain's stable sort splits them by index.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 try:  # Triton is optional: the CPU build and CI have none, and the torch chain needs none.
@@ -68,6 +70,45 @@ def sample_rows(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
                                   seeds.stride(0), draws.stride(0), width, BLOCK=block,
                                   BLOCK_W=triton.next_power_of_2(width), HAS_EMBEDDING=embedding is not None,
                                   num_warps=8 if block >= 2048 else 4)
+    return out, embedded
+
+
+@dataclass(frozen=True)
+class SlotTensors:
+    """Per-slot state on the device that the codebook-0 kernel reads through each row's slot: sampling settings,
+    the repetition penalty and its history (`seen` [S, V] bool, updated with each draw), the minimum length."""
+
+    temperature: torch.Tensor  # [S] float32; 0 = greedy
+    top_k: torch.Tensor  # [S] int64; 0 = off
+    top_p: torch.Tensor  # [S] float32
+    seeds: torch.Tensor  # [S] int64
+    repetition_penalty: torch.Tensor  # [S] float32
+    min_frames: torch.Tensor  # [S] int64
+    seen: torch.Tensor  # [S, V] bool
+
+
+def codebook0_kernel_applies(logits: torch.Tensor) -> bool:
+    return (HAS_TRITON and logits.is_cuda and logits.dim() == 2 and logits.shape[1] <= _MAX_VOCAB
+            and logits.stride(-1) == 1)
+
+
+def sample_codebook0(logits: torch.Tensor, slots: torch.Tensor, frame_index: torch.Tensor, state: SlotTensors,
+                     suppressed: torch.Tensor, eos_id: int, num_groups: int,
+                     embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The talker head's logits [B, V] -> (code 0 [B], its rows of `embedding` [B, W]), as `frame_codes`'
+    `process_codebook0_logits` then `sampling.sample` draw it (draw index frame_index * num_groups), with each
+    drawn id marked in its slot's `seen` row: one program per row, reading every setting through the row's slot,
+    in place of some twenty small kernels around the sampling kernel."""
+    batch, vocab = logits.shape
+    out = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    width = embedding.shape[1]
+    embedded = torch.empty(batch, width, dtype=embedding.dtype, device=logits.device)
+    block = triton.next_power_of_2(vocab)
+    _codebook0_kernel[(batch,)](logits, slots, frame_index, state.temperature, state.top_k, state.top_p, state.seeds,
+                                state.repetition_penalty, state.min_frames, state.seen, suppressed, embedding,
+                                out, embedded, logits.stride(0), state.seen.stride(0), vocab, eos_id, num_groups,
+                                width, BLOCK=block, BLOCK_W=triton.next_power_of_2(width),
+                                num_warps=8 if block >= 2048 else 4)
     return out, embedded
 
 
@@ -129,17 +170,18 @@ if HAS_TRITON:
         return kth
 
     @triton.jit
-    def _draw_row(scores, cols, in_vocab, temperature, top_k_ptr, top_p_ptr, seeds_ptr, draws_ptr, row, vocab,
-                  seeds_stride, draws_stride, BLOCK: tl.constexpr):
-        """A row with temperature > 0: scaled, cut to its top-k and top-p, the noise added, the first maximum."""
+    def _draw_row(scores, cols, in_vocab, temperature, top_k_ptr, top_p_ptr, seed_ptr, draw, vocab,
+                  BLOCK: tl.constexpr):
+        """A row with temperature > 0: scaled, cut to its top-k and top-p, the noise added, the first maximum.
+        top_k_ptr, top_p_ptr and seed_ptr point at the row's own settings."""
         scaled = tl.math.div_rn(scores, temperature)
-        top_k = tl.load(top_k_ptr + row)
+        top_k = tl.load(top_k_ptr)
         k = tl.where(top_k > 0, tl.minimum(top_k, vocab), vocab)
         keys = tl.where(in_vocab, _sortable_key(scaled), -1)
         kept = in_vocab & (scaled >= _float_of_key(_kth_largest_key(keys, k)))
         filtered = tl.where(kept, scaled, float("-inf"))
 
-        top_p = tl.load(top_p_ptr + row)
+        top_p = tl.load(top_p_ptr)
         if top_p < 1.0:
             ascending = tl.sort(filtered, dim=0)
             probabilities = tl.exp(ascending - tl.max(ascending, axis=0))
@@ -150,9 +192,24 @@ if HAS_TRITON:
             smallest_kept = tl.min(tl.where(is_cut, float("inf"), ascending), axis=0)
             filtered = tl.where(filtered >= smallest_kept, filtered, float("-inf"))
 
-        seed = tl.load(seeds_ptr + row * seeds_stride).to(tl.int64)
-        noise = _gumbel_noise(seed, tl.load(draws_ptr + row * draws_stride).to(tl.int64), cols)
+        noise = _gumbel_noise(tl.load(seed_ptr).to(tl.int64), draw, cols)
         return tl.argmax(tl.where(in_vocab, filtered + noise, float("-inf")), axis=0, tie_break_left=True)
+
+    @triton.jit
+    def _pick(scores, cols, in_vocab, temperature, top_k_ptr, top_p_ptr, seed_ptr, draw, vocab, BLOCK: tl.constexpr):
+        """The row's draw, or its argmax where temperature is 0 (scores hold -inf past the vocabulary)."""
+        if temperature > 0:
+            drawn = _draw_row(scores, cols, in_vocab, temperature, top_k_ptr, top_p_ptr, seed_ptr, draw, vocab, BLOCK)
+        else:
+            drawn = tl.argmax(scores, axis=0, tie_break_left=True)
+        return drawn
+
+    @triton.jit
+    def _copy_embedding(embedding_ptr, embedded_ptr, row, drawn, width, BLOCK_W: tl.constexpr):
+        cols = tl.arange(0, BLOCK_W)
+        in_width = cols < width
+        embedded = tl.load(embedding_ptr + drawn.to(tl.int64) * width + cols, mask=in_width)
+        tl.store(embedded_ptr + row * width + cols, embedded, mask=in_width)
 
     @triton.jit
     def _sample_rows_kernel(scores_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seeds_ptr, draws_ptr, out_ptr,
@@ -162,15 +219,36 @@ if HAS_TRITON:
         cols = tl.arange(0, BLOCK)
         in_vocab = cols < vocab
         scores = tl.load(scores_ptr + row * scores_row_stride + cols, mask=in_vocab, other=float("-inf"))
-        temperature = tl.load(temperature_ptr + row)
-        if temperature > 0:
-            drawn = _draw_row(scores, cols, in_vocab, temperature, top_k_ptr, top_p_ptr, seeds_ptr, draws_ptr, row,
-                              vocab, seeds_stride, draws_stride, BLOCK)
-        else:
-            drawn = tl.argmax(scores, axis=0, tie_break_left=True)
+        drawn = _pick(scores, cols, in_vocab, tl.load(temperature_ptr + row), top_k_ptr + row, top_p_ptr + row,
+                      seeds_ptr + row * seeds_stride, tl.load(draws_ptr + row * draws_stride).to(tl.int64), vocab,
+                      BLOCK)
         tl.store(out_ptr + row, drawn.to(tl.int64))
         if HAS_EMBEDDING:
-            cols = tl.arange(0, BLOCK_W)
-            in_width = cols < width
-            embedded = tl.load(embedding_ptr + drawn.to(tl.int64) * width + cols, mask=in_width)
-            tl.store(embedded_ptr + row * width + cols, embedded, mask=in_width)
+            _copy_embedding(embedding_ptr, embedded_ptr, row, drawn, width, BLOCK_W)
+
+    @triton.jit
+    def _codebook0_kernel(logits_ptr, slots_ptr, frame_index_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seeds_ptr,
+                          penalty_ptr, min_frames_ptr, seen_ptr, suppressed_ptr, embedding_ptr, out_ptr, embedded_ptr,
+                          logits_row_stride, seen_row_stride, vocab, eos_id, num_groups, width, BLOCK: tl.constexpr,
+                          BLOCK_W: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        slot = tl.load(slots_ptr + row)
+        cols = tl.arange(0, BLOCK)
+        in_vocab = cols < vocab
+        logits = tl.load(logits_ptr + row * logits_row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
+        seen_row = seen_ptr + slot * seen_row_stride
+        seen = tl.load(seen_row + cols, mask=in_vocab, other=0) != 0
+        # As `process_codebook0_logits`: the repetition penalty (an IEEE division, as torch's), EOS blocked before
+        # the minimum length, the suppressed ids; every step elementwise in the same fp32 operations.
+        penalty = tl.load(penalty_ptr + slot)
+        penalized = tl.where(logits < 0, logits * penalty, tl.math.div_rn(logits, penalty))
+        scores = tl.where(seen, penalized, logits)
+        frame = tl.load(frame_index_ptr + row)
+        is_blocked = (cols == eos_id) & (frame < tl.load(min_frames_ptr + slot))
+        is_suppressed = tl.load(suppressed_ptr + cols, mask=in_vocab, other=1) != 0
+        scores = tl.where(is_blocked | is_suppressed | ~in_vocab, float("-inf"), scores)
+        drawn = _pick(scores, cols, in_vocab, tl.load(temperature_ptr + slot), top_k_ptr + slot, top_p_ptr + slot,
+                      seeds_ptr + slot, frame * num_groups, vocab, BLOCK)
+        tl.store(out_ptr + row, drawn.to(tl.int64))
+        tl.store(seen_row + drawn, 1)
+        _copy_embedding(embedding_ptr, embedded_ptr, row, drawn, width, BLOCK_W)
