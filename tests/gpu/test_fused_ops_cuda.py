@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tts_service.model import fused_ops
 from tts_service.model.codec_decoder import CodecDecoder, _Attention, _WindowFrames
@@ -116,6 +117,23 @@ def test_codebook_sum_adds_the_lookups_in_the_eager_order_bit_for_bit(dtype: tor
     # A slice of a wider code tensor, as the split quantizer hands each half its codebooks.
     codes = torch.randint(0, 2048, (5, num_codebooks + 1, length), generator=generator, device=DEVICE)[:, 1:]
     assert torch.equal(fused_ops.codebook_sum(codes, tables), fused_ops.codebook_sum_eager(codes, tables))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("batch", "dim"), [(1, 1024), (1, 2048), (64, 1024), (256, 2048)])
+def test_frame_embedding_sums_as_torchs_reduction_then_adds_bit_for_bit(dtype: torch.dtype, batch: int,
+                                                                        dim: int) -> None:
+    """The talker's next input at its real shapes: codebook 0's 3072 ids and 15 tables of 2048, rows read
+    through their slots, the text's embedding added."""
+    sizes = torch.tensor([3072] + [2048] * 15)
+    table = activations(int(sizes.sum()), dim, dtype=dtype)
+    offsets = torch.cat((torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)[:-1])).to(DEVICE)
+    generator = torch.Generator(device=DEVICE).manual_seed(5)
+    frames = torch.randint(0, 2048, (batch + 3, 16), generator=generator, device=DEVICE)
+    slots = torch.randperm(batch + 3, generator=generator, device=DEVICE)[:batch]
+    text = activations(batch, dim, dtype=dtype, seed=1)
+    eager = F.embedding(frames[slots] + offsets, table).sum(-2) + text
+    assert torch.equal(fused_ops.frame_embedding(frames, slots, table, offsets, text), eager)
 
 
 @pytest.mark.parametrize(("length", "channels", "taps", "dilation"), [(1920, 96, 7, 1), (1, 96, 7, 1),

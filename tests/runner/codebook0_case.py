@@ -46,6 +46,9 @@ class Codebook0Case:
             temperature=repeated([0.0, 0.7, 1.0, 1.3]),
             top_k=repeated([0, 1, 50, 2 * vocab], torch.int64)[shuffled],
             top_p=torch.ones(num_slots, device=device),
+            predictor_temperature=repeated([0.9, 0.0, 0.5, 1.1])[shuffled],
+            predictor_top_k=repeated([50, 0, 7, 1], torch.int64),
+            predictor_top_p=repeated([1.0, 0.8]),
             seeds=torch.randint(0, 2**62, (num_slots,), generator=generator, device=device),
             repetition_penalty=repeated([1.0, 1.05, 1.3, 2.0]),
             min_frames=torch.randint(0, 8, (num_slots,), generator=generator, device=device),
@@ -57,7 +60,8 @@ class Codebook0Case:
 
     def check(self, gumbel_noise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         """The kernel's ids, `seen` rows after the draw and embeddings against the chain's, whose noise for
-        (seeds, draws) `gumbel_noise` makes."""
+        (seeds, draws) `gumbel_noise` makes; and the predictor's settings, seeds and draw indices it lays out for
+        each row."""
         state, slots = self.state, self.slots
         blocked = self.frame_index < state.min_frames[slots]
         scores = process_codebook0_logits(self.logits, state.seen[slots], state.repetition_penalty[slots],
@@ -67,9 +71,15 @@ class Codebook0Case:
         expected_seen = state.seen.clone()
         expected_seen[slots, expected] = True
 
-        drawn, embedded = sampling_kernel.sample_codebook0(self.logits, slots, self.frame_index, state,
-                                                           self.suppressed, self.eos_id, NUM_GROUPS, self.table)
-        assert torch.equal(drawn, expected), (drawn != expected).nonzero().flatten().tolist()
+        drawn = sampling_kernel.sample_codebook0(self.logits, slots, self.frame_index, state, self.suppressed,
+                                                 self.eos_id, NUM_GROUPS, self.table)
+        assert torch.equal(drawn.codes, expected), (drawn.codes != expected).nonzero().flatten().tolist()
         assert torch.equal(state.seen, expected_seen)
-        assert torch.equal(embedded, self.table[expected])
+        assert torch.equal(drawn.embedding, self.table[expected])
+        for got, per_slot in ((drawn.predictor_temperature, state.predictor_temperature),
+                              (drawn.predictor_top_k, state.predictor_top_k),
+                              (drawn.predictor_top_p, state.predictor_top_p), (drawn.seeds, state.seeds)):
+            assert torch.equal(got, per_slot[slots])
+        later = torch.arange(1, NUM_GROUPS, device=slots.device)
+        assert torch.equal(drawn.draws, self.frame_index[:, None] * NUM_GROUPS + later)
         assert (expected[~blocked] == self.eos_id).any() and not (expected[blocked] == self.eos_id).any()

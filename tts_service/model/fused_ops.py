@@ -43,8 +43,9 @@ _WINDOW_SLOTS_BLOCK = 32
 # Output samples one program of the one-output-channel convolution covers, and the most input channels it takes.
 _ONE_CHANNEL_STEPS_BLOCK = 32
 _ONE_CHANNEL_MAX_CHANNELS = 256
-# Dimensions one program of the codebook sum covers.
+# Dimensions one program of the codebook sum, and of the talker's frame embedding, covers.
 _CODEBOOK_DIMS_BLOCK = 256
+_FRAME_DIMS_BLOCK = 1024
 
 
 # The eager reference chains (also the path wherever the kernels do not apply).
@@ -278,6 +279,26 @@ def codebook_sum(codes: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def frame_embedding(frames: torch.Tensor, slots: torch.Tensor, table: torch.Tensor, offsets: torch.Tensor,
+                    addend: torch.Tensor) -> torch.Tensor:
+    """sum over g of table[frames[slots, g] + offsets[g]], plus `addend` [B, dim]: the talker's next input from
+    its rows' previous frames (`frames` [S, G], one row a slot) and their text, in one launch where the eager
+    chain runs five (the rows' gather, the offsets, the lookup, the sum, the add). The G vectors are summed in
+    fp32 as torch's reduction over a middle dimension sums them (four running sums, each taking every fourth
+    vector, then added in order), rounded once; then the addend, rounded again: the eager chain's values. Codes
+    must be valid (the sampler wrote them)."""
+    if not (_is_kernel_tensor(table) and table.is_contiguous() and frames.is_cuda and frames.is_contiguous()
+            and addend.dtype == table.dtype and addend.stride(-1) == 1):
+        return F.embedding(frames[slots] + offsets, table).sum(-2) + addend
+    batch = slots.shape[0]
+    num_groups, dim = frames.shape[1], table.shape[1]
+    out = torch.empty(batch, dim, dtype=table.dtype, device=table.device)
+    _frame_embedding_kernel[(batch, triton.cdiv(dim, _FRAME_DIMS_BLOCK))](
+        frames, slots, table, offsets, addend, out, addend.stride(0), dim, NUM_GROUPS=num_groups,
+        BLOCK=_FRAME_DIMS_BLOCK, num_warps=4)
+    return out
+
+
 def one_channel_convolution_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether `one_channel_convolution`'s kernel takes these: fp32 on CUDA, contiguous, one output channel and
     at most _ONE_CHANNEL_MAX_CHANNELS input channels (the codec's last layer: 96 channels to the waveform)."""
@@ -491,6 +512,34 @@ if HAS_TRITON:
             vector = tl.load(tables_ptr + (book * size + code) * dim + dims, mask=is_dim, other=0.0).to(tl.float32)
             total = (total + vector).to(dtype).to(tl.float32)
         tl.store(out_ptr + token * dim + dims, total.to(dtype), mask=is_dim)
+
+    @triton.jit
+    def _frame_embedding_kernel(frames_ptr, slots_ptr, table_ptr, offsets_ptr, addend_ptr, out_ptr, addend_stride,
+                                dim, NUM_GROUPS: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        dims = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        is_dim = dims < dim
+        dtype = out_ptr.dtype.element_ty
+        frame = frames_ptr + tl.load(slots_ptr + row) * NUM_GROUPS
+        # Four running sums, as torch's reduction keeps them (vector g joins sum g % 4), then added in order.
+        sum0 = tl.zeros([BLOCK], tl.float32)
+        sum1 = tl.zeros([BLOCK], tl.float32)
+        sum2 = tl.zeros([BLOCK], tl.float32)
+        sum3 = tl.zeros([BLOCK], tl.float32)
+        for group in tl.static_range(NUM_GROUPS):
+            entry = tl.load(frame + group) + tl.load(offsets_ptr + group)
+            vector = tl.load(table_ptr + entry * dim + dims, mask=is_dim, other=0.0).to(tl.float32)
+            if group % 4 == 0:
+                sum0 += vector
+            elif group % 4 == 1:
+                sum1 += vector
+            elif group % 4 == 2:
+                sum2 += vector
+            else:
+                sum3 += vector
+        total = (((sum0 + sum1) + sum2) + sum3).to(dtype).to(tl.float32)
+        addend = tl.load(addend_ptr + row * addend_stride + dims, mask=is_dim, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * dim + dims, (total + addend).to(dtype), mask=is_dim)
 
     @triton.jit
     def _one_channel_convolution_kernel(x_ptr, weight_ptr, bias_ptr, out_ptr, length, extended, channels, taps,

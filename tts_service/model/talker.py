@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tts_service.model import fused_ops
 from tts_service.model.configs import TalkerConfig
 from tts_service.model.layers import (
     AttentionBackend,
@@ -111,6 +112,8 @@ class Talker(nn.Module):
         self.frame_offsets: torch.Tensor | None
         self.register_buffer("frame_table", None, persistent=False)
         self.register_buffer("frame_offsets", None, persistent=False)
+        # Held by `hold_rope_table`: cos and sin [P, head_dim] of positions 0..P-1.
+        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def pack_projections(self) -> None:
         """Hold the frame's 16 embedding tables (lookups: one-hot projections) as rows of one table, each module's
@@ -141,16 +144,41 @@ class Talker(nn.Module):
         parts += [self.code_predictor.embed(g, codes[..., g]) for g in range(1, self.config.num_code_groups)]
         return torch.stack(parts, dim=-2).sum(-2)
 
+    def next_inputs(self, frames: torch.Tensor, slots: torch.Tensor, text_ids: torch.Tensor) -> torch.Tensor:
+        """The decode step's inputs [B, hidden] for rows whose previous frames are frames[slots] ([S, G]): every
+        codebook's embedding summed, plus the text's. With the packed table, one kernel on CUDA (`fused_ops.
+        frame_embedding`: the same values)."""
+        text = self.embed_text(text_ids)
+        if self.frame_table is not None:
+            return fused_ops.frame_embedding(frames, slots, self.frame_table, self.frame_offsets, text)
+        return self.embed_frame(frames[slots]) + text
+
     def hidden(self, inputs_embeds: torch.Tensor, positions: torch.Tensor,
                backend: AttentionBackend) -> torch.Tensor:
         """inputs_embeds [B, T, H], positions [B, T] -> final-norm hidden states [B, T, H]."""
-        streams = positions.unsqueeze(0).expand(len(self.config.mrope_section), -1, -1)
-        if self.config.mrope_interleaved:
-            cos, sin = interleaved_mrope_cos_sin(self.inv_freq, streams, self.config.mrope_section,
-                                                 inputs_embeds.dtype)
+        if self.rope_table is not None:
+            cos_table, sin_table = self.rope_table
+            cos, sin = cos_table[positions], sin_table[positions]
         else:
-            cos, sin = rope_cos_sin(self.inv_freq, positions, inputs_embeds.dtype)
+            cos, sin = self.rope_cos_sin(positions, inputs_embeds.dtype)
         return self.model.run_layers(inputs_embeds, cos, sin, backend)
+
+    def rope_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, head_dim] of positions [B, T], the same position in every mRoPE stream (as speech
+        takes it)."""
+        if self.config.mrope_interleaved:
+            streams = positions.unsqueeze(0).expand(len(self.config.mrope_section), -1, -1)
+            return interleaved_mrope_cos_sin(self.inv_freq, streams, self.config.mrope_section, dtype)
+        return rope_cos_sin(self.inv_freq, positions, dtype)
+
+    def hold_rope_table(self, num_positions: int, dtype: torch.dtype) -> None:
+        """Compute cos and sin of positions 0..num_positions-1 once, so that `hidden` gathers its rows (two
+        kernels) where it would compute them (some ten small kernels a step). The table's rows are the values
+        `rope_cos_sin` gives on CUDA, whose elementwise kernels compute each element alike wherever it lies;
+        `hidden` must then only be given positions below num_positions."""
+        positions = torch.arange(num_positions, device=self.inv_freq.device)[None]
+        cos, sin = self.rope_cos_sin(positions, dtype)
+        self.rope_table = (cos[0], sin[0])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.codec_head(hidden)

@@ -69,30 +69,34 @@ class CodebookLogits(Protocol):
 
 
 def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, code0: torch.Tensor,
-                                rows: RowSampling, seeds: torch.Tensor, first_draw: torch.Tensor,
+                                rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
                                 memory: PredictorMemory, one_call: CodebookLogits | None = None,
                                 code0_embedding: torch.Tensor | None = None) -> torch.Tensor:
     """Run the code predictor for one frame: [B] codebook 0 -> [B, G-1] codebooks 1..G-1.
 
     The sequence is [talker hidden, embed(code 0)] at positions 0-1, then one code per step. `one_call`, where
     it applies to a call's rows (streams times tokens), computes that codebook in place of the layer-by-layer
-    chain, with the same memory. `code0_embedding` is code 0's embedding where the caller has it already.
+    chain, with the same memory. `draws` [B] is each row's draw index for codebook 0 (codebook g draws at
+    draws + g), or [B, G-1] the draw indices of codebooks 1..G-1 where the caller laid them out;
+    `code0_embedding` is code 0's embedding where the caller has it already.
     """
     predictor = talker.code_predictor
     if code0_embedding is None:
         code0_embedding = talker.embed_codec(code0)
     inputs = torch.stack([talker_hidden, code0_embedding], dim=1)
     num_groups = talker.config.num_code_groups
-    # Where the sampling kernel does not make its own noise, the noise of draws `first_draw + codebook` for
-    # codebooks 1..G-1 is made at once, [B, G-1, V]: one set of kernels instead of fifteen.
-    draws = first_draw[:, None] + torch.arange(1, num_groups, device=code0.device)
+    if draws.dim() == 1:
+        draws = draws[:, None] + torch.arange(1, num_groups, device=code0.device)
+    # Where the sampling kernel does not make its own noise, the noise of codebooks 1..G-1's draws is made at once,
+    # [B, G-1, V]: one set of kernels instead of fifteen.
     gumbel: torch.Tensor | None = None
     codes: list[torch.Tensor] = []
-    rope = predictor.rope_table(num_groups, inputs.dtype)
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # made where the chain runs (some eight kernels)
     for codebook in range(1, num_groups):
         if one_call is not None and one_call.applies_to(inputs.shape[0] * inputs.shape[1]):
             scores = one_call.logits(codebook, inputs)
         else:
+            rope = rope or predictor.rope_table(num_groups, inputs.dtype)
             scores = predictor.logits(codebook, predictor_hidden(talker, codebook, inputs, rope, memory)).float()
         if gumbel is None and not draws_in_kernel(scores):
             gumbel = gumbel_noise(seeds, draws, scores.shape[-1])

@@ -174,8 +174,9 @@ class SlotState:
 
     def talker_slots(self) -> SlotTensors:
         """What the codebook-0 kernel reads through each row's slot (the same tensors, not copies)."""
-        return SlotTensors(self.talker_temperature, self.talker_top_k, self.talker_top_p, self.seeds,
-                           self.repetition_penalty, self.min_frames, self.seen)
+        return SlotTensors(self.talker_temperature, self.talker_top_k, self.talker_top_p, self.predictor_temperature,
+                           self.predictor_top_k, self.predictor_top_p, self.seeds, self.repetition_penalty,
+                           self.min_frames, self.seen)
 
     def talker_rows(self, slots: torch.Tensor) -> RowSampling:
         return RowSampling(self.talker_temperature[slots], self.talker_top_k[slots], self.talker_top_p[slots])
@@ -202,22 +203,25 @@ class FrameSampler:
         state = self.state
         talker = self.talker
         logits = talker.logits(hidden)
-        seeds = state.seeds[slots]
-        draws = frame_index * self.num_groups
-        code0_embedding = None
         if codebook0_kernel_applies(logits):
-            code0, code0_embedding = sample_codebook0(logits, slots, frame_index, self.talker_slots, self.suppressed,
-                                                      talker.config.codec_eos_id, self.num_groups,
-                                                      talker.codec_embedding_table())
+            drawn = sample_codebook0(logits, slots, frame_index, self.talker_slots, self.suppressed,
+                                     talker.config.codec_eos_id, self.num_groups, talker.codec_embedding_table())
+            code0 = drawn.codes
+            rest = predict_remaining_codebooks(
+                talker, hidden, code0,
+                RowSampling(drawn.predictor_temperature, drawn.predictor_top_k, drawn.predictor_top_p), drawn.seeds,
+                drawn.draws, self.predictor_cache, self.predictor_call, drawn.embedding)
         else:
             scores = process_codebook0_logits(logits, state.seen[slots], state.repetition_penalty[slots],
                                               self.suppressed, frame_index < state.min_frames[slots],
                                               talker.config.codec_eos_id)
+            seeds = state.seeds[slots]
+            draws = frame_index * self.num_groups
             code0 = sample(scores, state.talker_rows(slots), seeds, draws)
             # A device-side value: a Python scalar here would be a host copy, which graph capture forbids.
             state.seen.index_put_((slots, code0), torch.ones_like(code0, dtype=torch.bool))
-        rest = predict_remaining_codebooks(talker, hidden, code0, state.predictor_rows(slots), seeds, draws,
-                                           self.predictor_cache, self.predictor_call, code0_embedding)
+            rest = predict_remaining_codebooks(talker, hidden, code0, state.predictor_rows(slots), seeds, draws,
+                                               self.predictor_cache, self.predictor_call)
         frame = torch.cat([code0[:, None], rest], dim=1)
         state.last_frame[slots] = frame
         return frame

@@ -209,6 +209,9 @@ class ModelRunner:
         use_fused_kernels(self.talker, is_fused)
         model.codec_decoder.use_fused_kernels(is_fused)
         self.dtype = self.talker.codec_head.weight.dtype
+        if is_fused:
+            # Every position a row's block table can address.
+            self.talker.hold_rope_table(config.max_blocks_per_request * config.block_size, self.dtype)
         talker_config = model.config.talker
         self.num_groups = talker_config.num_code_groups
         self.tts_pad_id = model.config.tts_pad_token_id
@@ -298,8 +301,7 @@ class ModelRunner:
     def _talker_decode_step(self, batch: int) -> None:
         """The talker's next position for the first `batch` rows: their previous frame plus text in, hidden out."""
         rows = self.rows
-        inputs = self.talker.embed_frame(self.state.last_frame[rows.slots[:batch]]) + self.talker.embed_text(
-            rows.text_ids[:batch])
+        inputs = self.talker.next_inputs(self.state.last_frame, rows.slots[:batch], rows.text_ids[:batch])
         positions = self.decode_backend.positions[:batch]
         rows.hidden[:batch] = self.talker.hidden(inputs[:, None], positions[:, None], self.decode_backend)[:, 0]
 

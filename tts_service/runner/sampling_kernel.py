@@ -75,16 +75,34 @@ def sample_rows(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
 
 @dataclass(frozen=True)
 class SlotTensors:
-    """Per-slot state on the device that the codebook-0 kernel reads through each row's slot: sampling settings,
-    the repetition penalty and its history (`seen` [S, V] bool, updated with each draw), the minimum length."""
+    """Per-slot state on the device that the codebook-0 kernel reads through each row's slot: the talker's and the
+    predictor's sampling settings, the seed, the repetition penalty and its history (`seen` [S, V] bool, updated
+    with each draw), the minimum length."""
 
     temperature: torch.Tensor  # [S] float32; 0 = greedy
     top_k: torch.Tensor  # [S] int64; 0 = off
     top_p: torch.Tensor  # [S] float32
+    predictor_temperature: torch.Tensor
+    predictor_top_k: torch.Tensor
+    predictor_top_p: torch.Tensor
     seeds: torch.Tensor  # [S] int64
     repetition_penalty: torch.Tensor  # [S] float32
     min_frames: torch.Tensor  # [S] int64
     seen: torch.Tensor  # [S, V] bool
+
+
+@dataclass(frozen=True)
+class Codebook0Draw:
+    """What the codebook-0 kernel gives a frame's rows: code 0, its embedding, and the predictor's per-row
+    settings, seeds and draw indices (codebooks 1..G-1) for the draws to come."""
+
+    codes: torch.Tensor  # [B] int64
+    embedding: torch.Tensor  # [B, W]
+    predictor_temperature: torch.Tensor  # [B] float32
+    predictor_top_k: torch.Tensor  # [B] int64
+    predictor_top_p: torch.Tensor  # [B] float32
+    seeds: torch.Tensor  # [B] int64
+    draws: torch.Tensor  # [B, G-1] int64
 
 
 def codebook0_kernel_applies(logits: torch.Tensor) -> bool:
@@ -93,23 +111,31 @@ def codebook0_kernel_applies(logits: torch.Tensor) -> bool:
 
 
 def sample_codebook0(logits: torch.Tensor, slots: torch.Tensor, frame_index: torch.Tensor, state: SlotTensors,
-                     suppressed: torch.Tensor, eos_id: int, num_groups: int,
-                     embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The talker head's logits [B, V] -> (code 0 [B], its rows of `embedding` [B, W]), as `frame_codes`'
+                     suppressed: torch.Tensor, eos_id: int, num_groups: int, embedding: torch.Tensor) -> Codebook0Draw:
+    """The talker head's logits [B, V] -> code 0 and its rows of `embedding`, as `frame_codes`'
     `process_codebook0_logits` then `sampling.sample` draw it (draw index frame_index * num_groups), with each
-    drawn id marked in its slot's `seen` row: one program per row, reading every setting through the row's slot,
-    in place of some twenty small kernels around the sampling kernel."""
+    drawn id marked in its slot's `seen` row; one program per row reads every setting through the row's slot, and
+    lays out the predictor's for the frame, in place of some thirty small kernels around the sampling kernel."""
     batch, vocab = logits.shape
-    out = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    device = logits.device
     width = embedding.shape[1]
-    embedded = torch.empty(batch, width, dtype=embedding.dtype, device=logits.device)
+    draw = Codebook0Draw(
+        codes=torch.empty(batch, dtype=torch.int64, device=device),
+        embedding=torch.empty(batch, width, dtype=embedding.dtype, device=device),
+        predictor_temperature=torch.empty(batch, dtype=state.predictor_temperature.dtype, device=device),
+        predictor_top_k=torch.empty(batch, dtype=state.predictor_top_k.dtype, device=device),
+        predictor_top_p=torch.empty(batch, dtype=state.predictor_top_p.dtype, device=device),
+        seeds=torch.empty(batch, dtype=state.seeds.dtype, device=device),
+        draws=torch.empty(batch, num_groups - 1, dtype=torch.int64, device=device))
     block = triton.next_power_of_2(vocab)
-    _codebook0_kernel[(batch,)](logits, slots, frame_index, state.temperature, state.top_k, state.top_p, state.seeds,
-                                state.repetition_penalty, state.min_frames, state.seen, suppressed, embedding,
-                                out, embedded, logits.stride(0), state.seen.stride(0), vocab, eos_id, num_groups,
-                                width, BLOCK=block, BLOCK_W=triton.next_power_of_2(width),
-                                num_warps=8 if block >= 2048 else 4)
-    return out, embedded
+    _codebook0_kernel[(batch,)](
+        logits, slots, frame_index, state.temperature, state.top_k, state.top_p, state.predictor_temperature,
+        state.predictor_top_k, state.predictor_top_p, state.seeds, state.repetition_penalty, state.min_frames,
+        state.seen, suppressed, embedding, draw.codes, draw.embedding, draw.predictor_temperature,
+        draw.predictor_top_k, draw.predictor_top_p, draw.seeds, draw.draws, logits.stride(0), state.seen.stride(0),
+        vocab, eos_id, num_groups, width, BLOCK=block, BLOCK_W=triton.next_power_of_2(width),
+        BLOCK_G=triton.next_power_of_2(num_groups), num_warps=8 if block >= 2048 else 4)
+    return draw
 
 
 if HAS_TRITON:
@@ -227,12 +253,24 @@ if HAS_TRITON:
             _copy_embedding(embedding_ptr, embedded_ptr, row, drawn, width, BLOCK_W)
 
     @triton.jit
-    def _codebook0_kernel(logits_ptr, slots_ptr, frame_index_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seeds_ptr,
-                          penalty_ptr, min_frames_ptr, seen_ptr, suppressed_ptr, embedding_ptr, out_ptr, embedded_ptr,
+    def _codebook0_kernel(logits_ptr, slots_ptr, frame_index_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
+                          predictor_temperature_ptr, predictor_top_k_ptr, predictor_top_p_ptr, seeds_ptr, penalty_ptr,
+                          min_frames_ptr, seen_ptr, suppressed_ptr, embedding_ptr, out_ptr, embedded_ptr,
+                          rows_temperature_ptr, rows_top_k_ptr, rows_top_p_ptr, rows_seeds_ptr, rows_draws_ptr,
                           logits_row_stride, seen_row_stride, vocab, eos_id, num_groups, width, BLOCK: tl.constexpr,
-                          BLOCK_W: tl.constexpr):
+                          BLOCK_W: tl.constexpr, BLOCK_G: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         slot = tl.load(slots_ptr + row)
+        frame = tl.load(frame_index_ptr + row)
+        # The predictor's settings for the frame's later draws, read through the slot once.
+        tl.store(rows_temperature_ptr + row, tl.load(predictor_temperature_ptr + slot))
+        tl.store(rows_top_k_ptr + row, tl.load(predictor_top_k_ptr + slot))
+        tl.store(rows_top_p_ptr + row, tl.load(predictor_top_p_ptr + slot))
+        tl.store(rows_seeds_ptr + row, tl.load(seeds_ptr + slot))
+        later = tl.arange(0, BLOCK_G)
+        tl.store(rows_draws_ptr + row * (num_groups - 1) + later, frame * num_groups + 1 + later,
+                 mask=later < num_groups - 1)
+
         cols = tl.arange(0, BLOCK)
         in_vocab = cols < vocab
         logits = tl.load(logits_ptr + row * logits_row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
@@ -243,7 +281,6 @@ if HAS_TRITON:
         penalty = tl.load(penalty_ptr + slot)
         penalized = tl.where(logits < 0, logits * penalty, tl.math.div_rn(logits, penalty))
         scores = tl.where(seen, penalized, logits)
-        frame = tl.load(frame_index_ptr + row)
         is_blocked = (cols == eos_id) & (frame < tl.load(min_frames_ptr + slot))
         is_suppressed = tl.load(suppressed_ptr + cols, mask=in_vocab, other=1) != 0
         scores = tl.where(is_blocked | is_suppressed | ~in_vocab, float("-inf"), scores)
