@@ -128,13 +128,16 @@ def sample_codebook0(logits: torch.Tensor, slots: torch.Tensor, frame_index: tor
         seeds=torch.empty(batch, dtype=state.seeds.dtype, device=device),
         draws=torch.empty(batch, num_groups - 1, dtype=torch.int64, device=device))
     block = triton.next_power_of_2(vocab)
+    # 16 warps at codebook 0's 3072 ids: 17.2 us a launch against 18.6 with 8 (4.0 against 5.2 greedy) on an H100,
+    # at one and 64 rows, the same draws (BENCHMARKS.md, session 21, call 5).
+    num_warps = 16 if block >= 4096 else 8 if block >= 2048 else 4
     _codebook0_kernel[(batch,)](
         logits, slots, frame_index, state.temperature, state.top_k, state.top_p, state.predictor_temperature,
         state.predictor_top_k, state.predictor_top_p, state.seeds, state.repetition_penalty, state.min_frames,
         state.seen, suppressed, embedding, draw.codes, draw.embedding, draw.predictor_temperature,
         draw.predictor_top_k, draw.predictor_top_p, draw.seeds, draw.draws, logits.stride(0), state.seen.stride(0),
         vocab, eos_id, num_groups, width, BLOCK=block, BLOCK_W=triton.next_power_of_2(width),
-        BLOCK_G=triton.next_power_of_2(num_groups), num_warps=8 if block >= 2048 else 4)
+        BLOCK_G=triton.next_power_of_2(num_groups), num_warps=num_warps)
     return draw
 
 
