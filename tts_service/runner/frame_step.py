@@ -172,7 +172,7 @@ class SlotState:
             tensor.index_copy_(0, rows, ints[:, column])
         self.seen.index_fill_(0, rows, False)
 
-    def talker_slots(self) -> SlotTensors:
+    def slot_tensors(self) -> SlotTensors:
         """What the codebook-0 kernel reads through each row's slot (the same tensors, not copies)."""
         return SlotTensors(self.talker_temperature, self.talker_top_k, self.talker_top_p, self.predictor_temperature,
                            self.predictor_top_k, self.predictor_top_p, self.seeds, self.repetition_penalty,
@@ -197,14 +197,14 @@ class FrameSampler:
         self.predictor_call = predictor_call
         self.suppressed = suppressed_ids_mask(talker)
         self.num_groups = talker.config.num_code_groups
-        self.talker_slots = state.talker_slots()
+        self.slot_tensors = state.slot_tensors()
 
     def __call__(self, hidden: torch.Tensor, slots: torch.Tensor, frame_index: torch.Tensor) -> torch.Tensor:
         state = self.state
         talker = self.talker
         logits = talker.logits(hidden)
         if codebook0_kernel_applies(logits):
-            drawn = sample_codebook0(logits, slots, frame_index, self.talker_slots, self.suppressed,
+            drawn = sample_codebook0(logits, slots, frame_index, self.slot_tensors, self.suppressed,
                                      talker.config.codec_eos_id, self.num_groups, talker.codec_embedding_table())
             code0 = drawn.codes
             rest = predict_remaining_codebooks(
