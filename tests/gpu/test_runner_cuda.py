@@ -174,13 +174,10 @@ def test_the_frame_step_benchmark_times_captured_steps_of_every_row() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_held_rope_table_gives_the_computed_cos_and_sin_bit_for_bit_on_gpu(dtype: torch.dtype) -> None:
-    """The runner's talker gathers its steps' cos and sin from a table: the rows must be what it would compute."""
+def test_the_rope_rows_the_runner_gathers_are_the_computed_cos_and_sin_bit_for_bit_on_gpu(dtype: torch.dtype) -> None:
+    """The runner's talker gathers its steps' cos and sin from rows made once: they must be what it would compute."""
     talker = load_model("random:tiny-custom_voice", LoadOptions(device=torch.device("cuda"), dtype=dtype)).talker
     assert talker.config.mrope_interleaved
     positions = torch.randint(0, 4096, (3, 5), generator=torch.Generator().manual_seed(0)).cuda()
-    computed = talker.rope_cos_sin(positions, dtype)
-    talker.hold_rope_table(4096, dtype)
-    assert talker.rope_table is not None
-    for table, values in zip(talker.rope_table, computed, strict=True):
-        assert torch.equal(table[positions], values)
+    for rows, values in zip(talker.rope_rows(4096, dtype), talker.rope_cos_sin(positions, dtype), strict=True):
+        assert torch.equal(rows[positions], values)

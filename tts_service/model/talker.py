@@ -112,8 +112,6 @@ class Talker(nn.Module):
         self.frame_offsets: torch.Tensor | None
         self.register_buffer("frame_table", None, persistent=False)
         self.register_buffer("frame_offsets", None, persistent=False)
-        # Held by `hold_rope_table`: cos and sin [P, head_dim] of positions 0..P-1.
-        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def pack_projections(self) -> None:
         """Hold the frame's 16 embedding tables (lookups: one-hot projections) as rows of one table, each module's
@@ -153,12 +151,14 @@ class Talker(nn.Module):
             return fused_ops.frame_embedding(frames, slots, self.frame_table, self.frame_offsets, text)
         return self.embed_frame(frames[slots]) + text
 
-    def hidden(self, inputs_embeds: torch.Tensor, positions: torch.Tensor,
-               backend: AttentionBackend) -> torch.Tensor:
-        """inputs_embeds [B, T, H], positions [B, T] -> final-norm hidden states [B, T, H]."""
-        if self.rope_table is not None:
-            cos_table, sin_table = self.rope_table
-            cos, sin = cos_table[positions], sin_table[positions]
+    def hidden(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
+               rope_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """inputs_embeds [B, T, H], positions [B, T] -> final-norm hidden states [B, T, H]. With `rope_rows`
+        (cos, sin [P, head_dim] from `rope_rows`), each position's rows are gathered rather than computed: the
+        positions must then be below P."""
+        if rope_rows is not None:
+            cos_rows, sin_rows = rope_rows
+            cos, sin = cos_rows[positions], sin_rows[positions]
         else:
             cos, sin = self.rope_cos_sin(positions, inputs_embeds.dtype)
         return self.model.run_layers(inputs_embeds, cos, sin, backend)
@@ -171,14 +171,13 @@ class Talker(nn.Module):
             return interleaved_mrope_cos_sin(self.inv_freq, streams, self.config.mrope_section, dtype)
         return rope_cos_sin(self.inv_freq, positions, dtype)
 
-    def hold_rope_table(self, num_positions: int, dtype: torch.dtype) -> None:
-        """Compute cos and sin of positions 0..num_positions-1 once, so that `hidden` gathers its rows (two
-        kernels) where it would compute them (some ten small kernels a step). The table's rows are the values
-        `rope_cos_sin` gives on CUDA, whose elementwise kernels compute each element alike wherever it lies;
-        `hidden` must then only be given positions below num_positions."""
+    def rope_rows(self, num_positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [num_positions, head_dim] of positions 0..num_positions-1, for `hidden` to gather from (two
+        kernels where computing them is some ten small kernels a step). The rows are the values `rope_cos_sin`
+        gives on CUDA, whose elementwise kernels compute each element alike wherever it lies."""
         positions = torch.arange(num_positions, device=self.inv_freq.device)[None]
         cos, sin = self.rope_cos_sin(positions, dtype)
-        self.rope_table = (cos[0], sin[0])
+        return cos[0], sin[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.codec_head(hidden)

@@ -209,9 +209,9 @@ class ModelRunner:
         use_fused_kernels(self.talker, is_fused)
         model.codec_decoder.use_fused_kernels(is_fused)
         self.dtype = self.talker.codec_head.weight.dtype
-        if is_fused:
-            # Every position a row's block table can address.
-            self.talker.hold_rope_table(config.max_blocks_per_request * config.block_size, self.dtype)
+        # Fused (CUDA), the talker's steps gather RoPE rows for every position a row's block table can address.
+        self.rope_rows = (self.talker.rope_rows(config.max_blocks_per_request * config.block_size, self.dtype)
+                          if is_fused else None)
         talker_config = model.config.talker
         self.num_groups = talker_config.num_code_groups
         self.tts_pad_id = model.config.tts_pad_token_id
@@ -303,7 +303,8 @@ class ModelRunner:
         rows = self.rows
         inputs = self.talker.next_inputs(self.state.last_frame, rows.slots[:batch], rows.text_ids[:batch])
         positions = self.decode_backend.positions[:batch]
-        rows.hidden[:batch] = self.talker.hidden(inputs[:, None], positions[:, None], self.decode_backend)[:, 0]
+        rows.hidden[:batch] = self.talker.hidden(inputs[:, None], positions[:, None], self.decode_backend,
+                                                 self.rope_rows)[:, 0]
 
     def _sampling_step(self, batch: int) -> None:
         """Hidden state -> frame for the first `batch` rows: codebook 0, then the code predictor's codebooks."""
@@ -324,7 +325,7 @@ class ModelRunner:
         lengths = buffers.lengths[:batch]
         self.prefill_backend.bind_static(buffers.block_tables[:batch, :width], lengths)
         hidden = self.talker.hidden(buffers.inputs[:batch, :length], buffers.positions[:length].expand(batch, -1),
-                                    self.prefill_backend)
+                                    self.prefill_backend, self.rope_rows)
         rows = torch.arange(batch, device=self.device)
         buffers.last_hidden[:batch] = hidden[rows, (lengths - 1).clamp(min=0)]
 
@@ -447,7 +448,7 @@ class ModelRunner:
         inputs = torch.stack([F.pad(e, (0, 0, 0, longest - e.shape[0])) for e in embeds])
         self.prefill_backend.set_metadata(block_tables, lengths)
         positions = torch.arange(longest, device=self.device).expand(len(embeds), -1)
-        hidden = self.talker.hidden(inputs, positions, self.prefill_backend)
+        hidden = self.talker.hidden(inputs, positions, self.prefill_backend, self.rope_rows)
         last = (lengths - 1).to(self.device, non_blocking=True)
         return hidden[torch.arange(len(embeds), device=self.device), last]
 
