@@ -37,7 +37,7 @@ class Rows:
         assert sampling_kernel.kernel_applies(self.scores)
         rows = self.sampling
         return sampling_kernel.sample_rows(self.scores, rows.temperature, rows.top_k, rows.top_p, self.seeds,
-                                           self.draws)[0]
+                                           self.draws)
 
     def chain_draws(self) -> torch.Tensor:
         return sample_eager(self.scores, self.sampling, gumbel_noise(self.seeds, self.draws, self.scores.shape[1]))

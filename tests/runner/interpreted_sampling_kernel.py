@@ -45,12 +45,14 @@ def check_the_kernel_draws_what_the_chain_draws(vocab: int) -> None:
     seeds = torch.randint(0, 2**62, (batch,), generator=generator)
     draws = torch.randint(0, 2**31, (batch,), generator=generator)
     table = torch.randn(vocab, 48, generator=generator).bfloat16()
-    drawn, embedded = sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws,
-                                                  table)
+    drawn, embedded = sampling_kernel.sample_and_embed_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds,
+                                                            draws, table)
     expected = sample_eager(scores, rows, _numpy_gumbel_noise(seeds, draws, vocab))
     assert torch.equal(drawn, expected), (drawn != expected).nonzero().flatten().tolist()
-    # Each program copies its own draw's row of the table, the next call's input.
+    # Each program copies its own draw's row of the table, the next call's input; without a table, the same draws.
     assert torch.equal(embedded, table[expected])
+    assert torch.equal(sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws),
+                       expected)
     # The noise decided most of the draws: greedy rows alone would pass a kernel that ignored it.
     assert (drawn != scores.argmax(dim=-1)).sum() > batch // 4
 

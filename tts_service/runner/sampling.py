@@ -106,7 +106,7 @@ def sample(scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: 
     noise included (`sampling_kernel`: the same draws where top_p = 1; top-p's cut may differ at float
     rounding)."""
     if draws_in_kernel(scores):
-        return sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws)[0]
+        return sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws)
     if gumbel is None:
         gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
     return sample_eager(scores, rows, gumbel)
@@ -117,9 +117,8 @@ def sample_and_embed(scores: torch.Tensor, rows: RowSampling, seeds: torch.Tenso
     """`sample`, and the drawn ids' rows of the `embedding` table [V, W] -> (ids [B], [B, W]). On CUDA the sampling
     kernel copies each row as it draws its id (one lookup kernel fewer a codebook)."""
     if draws_in_kernel(scores):
-        ids, embedded = sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws,
-                                                    embedding)
-        return ids, embedded
+        return sampling_kernel.sample_and_embed_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws,
+                                                     embedding)
     ids = sample(scores, rows, seeds, draws, gumbel)
     return ids, embedding[ids]
 

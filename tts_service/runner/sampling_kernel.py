@@ -50,24 +50,34 @@ def kernel_applies(scores: torch.Tensor) -> bool:
 
 
 def sample_rows(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                seeds: torch.Tensor, draws: torch.Tensor,
-                embedding: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                seeds: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
     """scores [B, V] fp32; per-row temperature (0 = greedy), top_k (0 = off), top_p, and the seed and draw index
-    (int64) that make the row's noise -> (ids [B], and with an `embedding` table [V, W] the ids' rows of it
-    [B, W], else None). The rows are copied by the program that drew the id: the next call's input needs no lookup
-    kernel of its own."""
+    (int64) that make the row's noise -> ids [B]."""
+    return _launch_sample_rows(scores, temperature, top_k, top_p, seeds, draws, None)[0]
+
+
+def sample_and_embed_rows(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                          seeds: torch.Tensor, draws: torch.Tensor,
+                          embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_rows`, and the ids' rows of the `embedding` table [V, W] -> (ids [B], [B, W]). Each row is copied by
+    the program that drew its id: the next call's input needs no lookup kernel of its own."""
+    return _launch_sample_rows(scores, temperature, top_k, top_p, seeds, draws, embedding.contiguous())
+
+
+def _launch_sample_rows(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                        seeds: torch.Tensor, draws: torch.Tensor,
+                        embedding: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     batch, vocab = scores.shape
     out = torch.empty(batch, dtype=torch.int64, device=scores.device)
-    embedded, width = None, 1
+    # Without a table the kernel copies no rows, and the scores stand in for both pointers.
+    table, embedded, width = scores, scores, 1
     if embedding is not None:
-        width = embedding.shape[1]
+        table, width = embedding, embedding.shape[1]
         embedded = torch.empty(batch, width, dtype=embedding.dtype, device=scores.device)
     block = triton.next_power_of_2(vocab)
     # 8 warps from 2048 tokens: a row of 2048 took 9.9 us against 11.9 with 4 on an H100, at 1 and 128 rows.
-    _sample_rows_kernel[(batch,)](scores, temperature, top_k, top_p, seeds, draws, out,
-                                  embedding if embedding is not None else scores,
-                                  embedded if embedded is not None else scores, scores.stride(0), vocab,
-                                  seeds.stride(0), draws.stride(0), width, BLOCK=block,
+    _sample_rows_kernel[(batch,)](scores, temperature, top_k, top_p, seeds, draws, out, table, embedded,
+                                  scores.stride(0), vocab, seeds.stride(0), draws.stride(0), width, BLOCK=block,
                                   BLOCK_W=triton.next_power_of_2(width), HAS_EMBEDDING=embedding is not None,
                                   num_warps=8 if block >= 2048 else 4)
     return out, embedded
