@@ -1,6 +1,8 @@
 """One Triton program per row for `sampling.sample`: the row's Gumbel noise, temperature, top-k, top-p, the draw and
 the greedy argmax in one launch, where the torch chain runs about fifteen kernels around a full-vocabulary sort and
-about twenty more to make the noise.
+about twenty more to make the noise. `sample_and_embed_rows` also copies each drawn id's embedding row (the code
+predictor's next input); `sample_codebook0` does codebook 0's logit processing before its draw, reading every
+setting through the row's slot (`frame_codes.process_codebook0_logits`'s operations, elementwise).
 
 The noise is `sampling.gumbel_noise`'s counter-based hash of (seed, draw, token), worked out in the program with the
 same 64-bit integer operations and the same `logf` as PyTorch's kernels, so it is the chain's noise bit for bit and
