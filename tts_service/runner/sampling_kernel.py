@@ -130,6 +130,7 @@ def sample_codebook0(logits: torch.Tensor, slots: torch.Tensor, frame_index: tor
     lays out the predictor's for the frame, in place of some thirty small kernels around the sampling kernel."""
     batch, vocab = logits.shape
     device = logits.device
+    embedding = embedding.contiguous()  # the kernel steps through the table a row of `width` at a time
     width = embedding.shape[1]
     draw = Codebook0Draw(
         codes=torch.empty(batch, dtype=torch.int64, device=device),
