@@ -112,7 +112,9 @@ class ServiceMetrics:
             "core; for streamed text, until its first words), from the engine's first audio to the server's stream "
             "(from_engine), and from there to gRPC (to_grpc: the handler waking, encoding, the write).",
             (*names, "phase"), buckets=PHASE_BUCKETS, registry=self.registry)
-        self.requests = Counter("qwen3_tts_requests", "Finished calls by RPC, gRPC status and finish reason.",
+        self.requests = Counter("qwen3_tts_requests",
+                                "Finished speech calls, and calls of any RPC refused before they ran, by RPC, gRPC "
+                                "status (on either front door) and finish reason (empty for a request that never ran).",
                                 (*names, "rpc", "status", "finish_reason"), registry=self.registry)
         self.audio_seconds = Counter("qwen3_tts_audio_seconds", "Audio generated.", names, registry=self.registry)
         self.frames = Counter("qwen3_tts_frames", "Codec frames generated.", names, registry=self.registry)
@@ -143,6 +145,10 @@ class ServiceMetrics:
     def observe_server_phase(self, phase: str, seconds: float) -> None:
         """The step profiler's view of the server: `encode` or `write` time of one audio chunk."""
         self.server_phase_time.labels(**self._labels, phase=phase).observe(seconds)
+
+    def observe_refusal(self, rpc: str, status: str) -> None:
+        """A call refused before it ran (no valid key, the server not serving): counted, nothing else observed."""
+        self.requests.labels(**self._labels, rpc=rpc, status=status, finish_reason="").inc()
 
     def observe_call(self, record: CallRecord, status: str) -> None:
         """A finished call, with the name of the gRPC status it ended with."""

@@ -1,60 +1,107 @@
-"""Who a call comes from, so that no single caller can take all of the service: the API key it presented when
-the server has keys (several clients sharing a key are one caller), otherwise its peer's address."""
+"""Who a call comes from, so that no single caller can take all of the service.
+
+With API keys, a call presents exactly one credential (`authorization: Bearer KEY` or `x-api-key: KEY`), and the
+key that authenticated it is the caller (several clients sharing a key are one caller) and the owner of the voices
+it registers. Two credentials are refused rather than resolved: taking the caller from one and the permission from
+another let one valid key pose as any number of callers. Without keys the caller is the peer's address, loopback
+over IPv4 and IPv6 being one address, and every caller shares one namespace of voices.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Iterator
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import grpc
 
+from tts_service.api.errors import ApiError
 
-def presented_keys(metadata: Iterable[tuple[str, str | bytes]]) -> Iterator[str]:
-    """Keys sent as `authorization: Bearer KEY` or `x-api-key: KEY`, in the order sent."""
-    for name, value in metadata:
-        text = value.decode(errors="replace") if isinstance(value, bytes) else value
-        if name == "authorization" and text[:7].lower() == "bearer ":
-            yield text[7:].strip()
-        elif name == "x-api-key":
-            yield text
+CREDENTIAL_HEADERS = ("authorization", "x-api-key")
+LOOPBACK_CALLER = "loopback"
+_HOW_TO_AUTHENTICATE = "send one of 'authorization: Bearer KEY' or 'x-api-key: KEY'"
+
+Metadata = Iterable[tuple[str, str | bytes]]
 
 
-def has_valid_key(metadata: Iterable[tuple[str, str | bytes]], keys: Iterable[bytes]) -> bool:
-    """Whether any key presented in `metadata` (names in lower case) is one of `keys`."""
-    accepted = list(keys)
-    for presented in presented_keys(metadata):
-        # Compare with every key, in constant time, so timing reveals nothing about them.
-        if any([hmac.compare_digest(presented.encode(), key) for key in accepted]):
-            return True
-    return False
+@dataclass(frozen=True)
+class Identity:
+    caller: str  # whom the per-caller limits count: a key's short digest, or a peer address
+    owner: str  # whose registered voices the call sees: a key's digest, or "" (one shared namespace)
 
 
-def caller_of(context: grpc.aio.ServicerContext, uses_keys: bool) -> str:
-    return caller_from(context.invocation_metadata() or (), context.peer() or "unknown", uses_keys)
+def unauthenticated(message: str) -> ApiError:
+    return ApiError(grpc.StatusCode.UNAUTHENTICATED, message)
 
 
-def caller_from(metadata: Iterable[tuple[str, str | bytes]], peer: str, uses_keys: bool) -> str:
-    """The caller's identity. A key is kept only as a digest, so that the key itself is never held longer than the
-    call; a peer (gRPC's spelling: "ipv4:10.0.0.7:5123") is its address without the port ("ipv4:10.0.0.7",
-    "ipv6:[::1]"), so that the same client is one caller through either front door."""
-    if uses_keys:
-        key = next(presented_keys(metadata), "")
-        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+class Credentials:
+    """The server's API keys and the rule for presenting one. Keys are compared in constant time with every
+    configured key, so that timing reveals nothing about them."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._keys = [key.encode() for key in keys]
+
+    @property
+    def is_required(self) -> bool:
+        return bool(self._keys)
+
+    def authenticate(self, metadata: Metadata) -> str | None:
+        """The key the call authenticated with (None when the server has no keys); raises an UNAUTHENTICATED
+        ApiError for no credential, more than one, or one that is not a configured key."""
+        if not self._keys:
+            return None
+        presented = [(name, _text(value)) for name, value in metadata if name in CREDENTIAL_HEADERS]
+        if not presented:
+            raise unauthenticated(f"a valid API key is required: {_HOW_TO_AUTHENTICATE}")
+        if len(presented) > 1:
+            names = ", ".join(name for name, _ in presented)
+            raise unauthenticated(f"a call presents exactly one credential, this one presented {len(presented)} "
+                                  f"({names}): {_HOW_TO_AUTHENTICATE}")
+        name, value = presented[0]
+        key = _bearer_token(value) if name == "authorization" else value
+        if key is None:
+            raise unauthenticated(f"authorization: only the Bearer scheme is accepted: {_HOW_TO_AUTHENTICATE}")
+        if not any([hmac.compare_digest(key.encode(), accepted) for accepted in self._keys]):
+            raise unauthenticated(f"the API key is not valid: {_HOW_TO_AUTHENTICATE}")
+        return key
+
+    def identity(self, metadata: Metadata, peer: str) -> Identity:
+        """The caller and owner of a call from `peer` (gRPC's spelling, "ipv4:10.0.0.7:5123"). A key is kept only
+        as a digest, so that the key itself is never held longer than the call."""
+        key = self.authenticate(metadata)
+        if key is None:
+            return Identity(caller=peer_address(peer), owner="")
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return Identity(caller="key:" + digest[:16], owner=digest)
+
+    def identity_of(self, context: grpc.aio.ServicerContext) -> Identity:
+        return self.identity(context.invocation_metadata() or (), context.peer() or "unknown")
+
+
+def peer_address(peer: str) -> str:
+    """A peer's address without its port, the same client one caller through either front door: "ipv4:10.0.0.7",
+    "ipv6:2001:db8::7"; an IPv4 address mapped into IPv6 as IPv4; every loopback address as one."""
     kind, _, address = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        address = address.rpartition(":")[0] or address
-    return f"{kind}:{address}"
+    if kind not in ("ipv4", "ipv6"):
+        return peer
+    host = address.rpartition(":")[0] or address
+    try:
+        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return f"{kind}:{host}"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return LOOPBACK_CALLER
+    return f"ipv{ip.version}:{ip}"
 
 
-def owner_of(context: grpc.aio.ServicerContext, uses_keys: bool) -> str:
-    return owner_from(context.invocation_metadata() or (), uses_keys)
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-def owner_from(metadata: Iterable[tuple[str, str | bytes]], uses_keys: bool) -> str:
-    """Who owns the registered voices a call creates and sees: a digest of its API key (the key itself is never
-    stored), or "" for the one namespace that every caller shares when the server has no keys."""
-    if not uses_keys:
-        return ""
-    key = next(presented_keys(metadata), "")
-    return hashlib.sha256(key.encode()).hexdigest()
+def _bearer_token(value: str) -> str | None:
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None

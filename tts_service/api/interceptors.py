@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -16,7 +16,7 @@ from google.protobuf import descriptor_pool
 from google.protobuf.message import DecodeError
 
 from qwen3_tts.v1.protocol import SERVICE_NAME
-from tts_service.api.callers import has_valid_key
+from tts_service.api.callers import Credentials
 from tts_service.api.errors import ApiError, abort_with, invalid
 
 _HEALTH_SERVICE_PREFIX = "/grpc.health.v1.Health/"
@@ -143,21 +143,33 @@ def parsing_handler(handler: grpc.RpcMethodHandler, request_type: str) -> grpc.R
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 
 
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Every call but health checks needs a configured key, as `authorization: Bearer KEY` or `x-api-key: KEY`."""
+# Told of every call an interceptor refuses: its method's name and the status it got.
+RefusalObserver = Callable[[str, grpc.StatusCode], None]
 
-    def __init__(self, keys: Iterable[str]) -> None:
-        self._keys = [key.encode() for key in keys]
+
+def method_name(method: str) -> str:
+    """"/package.Service/Method" -> "Method", the `rpc` label of a call."""
+    return method.rpartition("/")[2]
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Every call but health checks presents exactly one credential, a configured key (callers.Credentials)."""
+
+    def __init__(self, credentials: Credentials, on_refused: RefusalObserver) -> None:
+        self._credentials = credentials
+        self._on_refused = on_refused
 
     async def intercept_service(self, continuation: Continuation,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
         if handler is None or details.method.startswith(_HEALTH_SERVICE_PREFIX):
             return handler
-        if has_valid_key(details.invocation_metadata or (), self._keys):
-            return handler
-        return refusing_handler(handler, grpc.StatusCode.UNAUTHENTICATED,
-                                "a valid API key is required: send 'authorization: Bearer KEY' or 'x-api-key: KEY'")
+        try:
+            self._credentials.authenticate(details.invocation_metadata or ())
+        except ApiError as error:
+            self._on_refused(method_name(details.method), error.code)
+            return refusing_handler(handler, error.code, error.message)
+        return handler
 
 
 class ServingState:
@@ -169,8 +181,9 @@ class ServingState:
 class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     """Speech calls get UNAVAILABLE while the model loads and while the server drains."""
 
-    def __init__(self, state: ServingState) -> None:
+    def __init__(self, state: ServingState, on_refused: RefusalObserver) -> None:
         self._state = state
+        self._on_refused = on_refused
 
     async def intercept_service(self, continuation: Continuation,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -178,10 +191,13 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or not details.method.startswith(_TTS_METHOD_PREFIX):
             return handler
         if self._state.is_draining:
-            return refusing_handler(handler, grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry")
-        if not self._state.is_ready:
-            return refusing_handler(handler, grpc.StatusCode.UNAVAILABLE, "the server is still loading; retry")
-        return handler
+            message = "the server is shutting down; retry"
+        elif not self._state.is_ready:
+            message = "the server is still loading; retry"
+        else:
+            return handler
+        self._on_refused(method_name(details.method), grpc.StatusCode.UNAVAILABLE)
+        return refusing_handler(handler, grpc.StatusCode.UNAVAILABLE, message)
 
 
 class RequestParsingInterceptor(grpc.aio.ServerInterceptor):

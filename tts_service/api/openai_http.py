@@ -29,7 +29,6 @@ from aiohttp import web
 
 from observability.calls import CallRecord
 from qwen3_tts.v1.protocol import tts_pb2
-from tts_service.api.callers import caller_from, has_valid_key, owner_from
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, api_error_for, invalid
 from tts_service.api.interceptors import ServingState
@@ -43,6 +42,7 @@ logger = logging.getLogger("tts_service.api.server")
 
 pb: Any = tts_pb2
 SPEECH_RPC = "OpenAISpeech"
+MODELS_RPC = "OpenAIModels"
 SPEECH_ROUTE = "POST /v1/audio/speech"
 # OpenAI's speech model names, accepted for the served model.
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
@@ -173,7 +173,6 @@ class OpenAISpeechApi:
     def __init__(self, service: TextToSpeechService, state: ServingState, config: ServerConfig) -> None:
         self._service = service
         self._state = state
-        self._keys = [key.encode() for key in config.api_keys]
         self._started = int(time.time())
 
     def app(self, max_body_bytes: int) -> web.Application:
@@ -182,19 +181,22 @@ class OpenAISpeechApi:
         app.router.add_get("/v1/models", self.models)
         return app
 
-    def _refusal(self, request: web.Request) -> web.Response | None:
-        """The answer to a request that may not be served now: no valid key, or the server not serving."""
-        if self._keys and not has_valid_key(_metadata(request), self._keys):
-            return error_response(ApiError(grpc.StatusCode.UNAUTHENTICATED,
-                                           "a valid API key is required: send 'Authorization: Bearer KEY'"))
-        if self._state.is_draining:
-            return error_response(ApiError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry"))
-        if not self._state.is_ready or self._service.engine is None:
-            return error_response(ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading; retry"))
+    def _refusal(self, request: web.Request, rpc: str) -> web.Response | None:
+        """The answer to a request that may not be served now, counted as refused: not exactly one valid key, or
+        the server not serving."""
+        try:
+            self._service.credentials.authenticate(_metadata(request))
+            if self._state.is_draining:
+                raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry")
+            if not self._state.is_ready or self._service.engine is None:
+                raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading; retry")
+        except ApiError as error:
+            self._service.count_refusal(rpc, error.code)
+            return error_response(error)
         return None
 
     async def models(self, request: web.Request) -> web.Response:
-        refusal = self._refusal(request)
+        refusal = self._refusal(request, MODELS_RPC)
         if refusal is not None:
             return refusal
         model = self._service.engine_or_unavailable().model_info
@@ -202,7 +204,7 @@ class OpenAISpeechApi:
         return web.json_response({"object": "list", "data": [entry]})
 
     async def speech(self, request: web.Request) -> web.StreamResponse:
-        refusal = self._refusal(request)
+        refusal = self._refusal(request, SPEECH_RPC)
         if refusal is not None:
             return refusal
         try:
@@ -210,13 +212,13 @@ class OpenAISpeechApi:
         except ApiError as error:
             return error_response(error)
         metadata = _metadata(request)
-        caller = caller_from(metadata, _peer(request), uses_keys=bool(self._keys))
+        identity = self._service.credentials.identity(metadata, _peer(request))
         response = web.StreamResponse()
         try:
-            async with self._service.speech_call(SPEECH_RPC, caller, metadata, self._ending_status,
+            async with self._service.speech_call(SPEECH_RPC, identity.caller, metadata, self._ending_status,
                                                  http_route=SPEECH_ROUTE) as record:
                 response.headers["x-request-id"] = record.request_id
-                await self._synthesize(request, response, body, record, owner_from(metadata, bool(self._keys)))
+                await self._synthesize(request, response, body, record, identity.owner)
         except ConnectionError:  # the client left mid-write: nobody is left to answer
             logger.info("the client disconnected before its audio was sent")
         except Exception as error:  # every failure of one call ends that call only

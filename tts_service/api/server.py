@@ -43,7 +43,7 @@ from observability.logs import bind_call
 from observability.metrics import LiveState, ServiceMetrics
 from observability.tracing import CallTracer, trace_id_of
 from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
-from tts_service.api.callers import caller_of, owner_of
+from tts_service.api.callers import Credentials
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, answering_errors
 from tts_service.api.interceptors import (
@@ -191,9 +191,10 @@ EndingStatus = Callable[[CallRecord, BaseException], str]
 
 
 class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
-    def __init__(self, config: ServerConfig, calls: CallTracker) -> None:
+    def __init__(self, config: ServerConfig, calls: CallTracker, credentials: Credentials) -> None:
         self.config = config
         self.calls = calls
+        self.credentials = credentials
         self.engine: EngineDoor | None = None
         self.metrics: ServiceMetrics | None = None
         self.tracer: CallTracer | None = None
@@ -210,7 +211,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     @contextlib.asynccontextmanager
     async def _call(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[CallRecord]:
         """A gRPC speech call's frame: the shared one, with errors as statuses and the request id as a header."""
-        caller = caller_of(context, uses_keys=bool(self.config.api_keys))
+        caller = self.credentials.identity_of(context).caller
         metadata = context.invocation_metadata() or ()
         async with self.speech_call(rpc, caller, metadata, self._grpc_status(context),
                                     answering_errors(context)) as record:
@@ -288,6 +289,11 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         record.result = CallResult(summary.finish_reason.value, summary.timeline, summary.num_frames,
                                    summary.num_text_tokens, model.audio_seconds(summary.num_frames))
 
+    def count_refusal(self, rpc: str, code: grpc.StatusCode) -> None:
+        """A call refused before it ran (no valid key, the server not serving), on either front door."""
+        if self.metrics is not None:
+            self.metrics.observe_refusal(rpc, code.name)
+
     def engine_or_unavailable(self) -> EngineDoor:
         if self.engine is None:
             raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading its model; retry")
@@ -363,7 +369,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             raise not_found(field, voice_id) from None
 
     def _owner(self, context: grpc.aio.ServicerContext) -> str:
-        return owner_of(context, uses_keys=bool(self.config.api_keys))
+        return self.credentials.identity_of(context).owner
 
     # Synthesize
 
@@ -470,7 +476,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     async def prepare(self, record: CallRecord, text: str, voice: Any, generation: Any,
                       owner: str) -> PreparedRequest:
         """Check the request (a qwen3_tts.v1 VoiceSelection and GenerationConfig: the engine checks the voice at submit)
-        and clone its voice, if any; a registered voice is looked up among `owner`'s (see callers.owner_from)."""
+        and clone its voice, if any; a registered voice is looked up among `owner`'s (see callers.Identity)."""
         engine = self.engine_or_unavailable()
         params = generation_params(generation, self.config, engine.model_info)
         check_input_limits(text, voice, self.config.input_limits)
@@ -604,10 +610,13 @@ class TtsServer:
         self.state = ServingState()
         self.calls = CallTracker(config.max_calls_per_caller)
         self.health = health.aio.HealthServicer()
-        self.service = TextToSpeechService(config, self.calls)
-        interceptors: list[grpc.aio.ServerInterceptor] = [AdmissionInterceptor(self.state), RequestParsingInterceptor()]
-        if config.api_keys:
-            interceptors.insert(0, ApiKeyInterceptor(config.api_keys))
+        credentials = Credentials(config.api_keys)
+        self.service = TextToSpeechService(config, self.calls, credentials)
+        count_refusal = self.service.count_refusal
+        interceptors: list[grpc.aio.ServerInterceptor] = [AdmissionInterceptor(self.state, count_refusal),
+                                                          RequestParsingInterceptor()]
+        if credentials.is_required:
+            interceptors.insert(0, ApiKeyInterceptor(credentials, count_refusal))
         # Without SO_REUSEPORT, which gRPC sets by default: with it, a second server binds a port already in use
         # and silently takes a share of its new connections.
         exclusive_port = ("grpc.so_reuseport", 0)
