@@ -48,6 +48,8 @@ class InputLimits:
 @dataclass(frozen=True)
 class ServerConfig:
     model: str = DEFAULT_MODEL
+    # A Hub download failing for a passing reason is retried this long; then the server exits 1.
+    model_download_timeout_seconds: float = _ENGINE.model_download_timeout_s
     device: str = "auto"  # "auto": CUDA when available, else the CPU
     host: str = "[::]"
     port: int = 50051  # 0: any free port
@@ -131,6 +133,8 @@ class ServerConfig:
             _require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
         _require(0 < self.gil_switch_interval_ms <= 1000, "gil_switch_interval_ms",
                  f"must be in (0, 1000], got {self.gil_switch_interval_ms}")
+        _require(self.model_download_timeout_seconds >= 0, "model_download_timeout_seconds",
+                 f"must be >= 0, got {self.model_download_timeout_seconds}")
         _require(self.drain_timeout_seconds >= 0, "drain_timeout_seconds",
                  f"must be >= 0, got {self.drain_timeout_seconds}")
         _require(self.codec_dtype in CODEC_DTYPES, "codec_dtype",
@@ -174,7 +178,8 @@ class ServerConfig:
 
     def engine_config(self) -> EngineConfig:
         """The engine under these limits; what no flag sets keeps the engine's default."""
-        return EngineConfig(max_running=self.max_concurrent, max_waiting=self.max_waiting,
+        return EngineConfig(model_download_timeout_s=self.model_download_timeout_seconds,
+                            max_running=self.max_concurrent, max_waiting=self.max_waiting,
                             max_text_chars=self.max_text_chars, max_reference_text_chars=self.max_reference_text_chars,
                             max_audio_s=self.max_audio_seconds,
                             max_reference_audio_s=self.max_reference_audio_seconds,
@@ -217,6 +222,10 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         parser.add_argument(f"--{flag}", type=kind, default=default, help=f"{help_text} [env {env_name}]")
 
     add("model", str, f"checkpoint directory, Hugging Face repo id, or random:<size>-<type> (default {DEFAULT_MODEL})")
+    add("model-download-timeout-seconds", float,
+        "how long a Hugging Face Hub download that fails for a reason that may pass (the Hub unreachable, "
+        "overloaded or rate limiting) is retried with backoff before the server exits with status 1; the server "
+        f"never serves another model in place of --model (default {defaults.model_download_timeout_seconds:g})")
     add("device", str, "cuda, cuda:N, cpu, or auto (CUDA when available)")
     add("host", str, "address to listen on (default [::], every interface)")
     add("port", int, "port to listen on; 0 picks a free one (default 50051)")

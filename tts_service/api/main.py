@@ -50,7 +50,7 @@ def resolve_device(device: str) -> str:
 
 
 def load_engine(config: ServerConfig) -> Engine:
-    """The configured model (offline, the default one falls back to a tiny random model) in an engine, not started."""
+    """Exactly the configured model in an engine, not started."""
     from tts_service.engine import Engine
 
     return Engine.load(config.model, resolve_device(config.device), config.engine_config())
@@ -104,7 +104,8 @@ def create_metrics(config: ServerConfig, model: ModelInfo) -> ServiceMetrics | N
     mode = mode_label(model.model_type)
     metrics = ServiceMetrics(model.source, mode)
     metrics.build_info.info({"version": package_version(), "model": model.source, "mode": mode,
-                             "dtype": model.dtype, "device": model.device})
+                             "dtype": model.dtype, "device": model.device,
+                             "random_weights": str(model.is_random).lower()})
     return metrics
 
 

@@ -200,7 +200,9 @@ class OpenAISpeechApi:
         if refusal is not None:
             return refusal
         model = self._service.engine_or_unavailable().model_info
-        entry = {"id": model.source, "object": "model", "created": self._started, "owned_by": "qwen3-tts-service"}
+        # `random_weights` beyond OpenAI's fields: a client can tell a model that speaks from one that makes noise.
+        entry = {"id": model.source, "object": "model", "created": self._started, "owned_by": "qwen3-tts-service",
+                 "random_weights": model.is_random}
         return web.json_response({"object": "list", "data": [entry]})
 
     async def speech(self, request: web.Request) -> web.StreamResponse:

@@ -717,7 +717,11 @@ class TtsServer:
         self.service.engine = engine
         self.state.is_ready = True
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        logger.info("serving %s", engine.model_info.source)
+        if engine.model_info.is_random:
+            logger.warning("serving %s: RANDOM weights, as --model asked; every call gets noise, not speech",
+                           engine.model_info.source)
+        else:
+            logger.info("serving %s", engine.model_info.source)
 
     async def stop_serving(self) -> None:
         """The engine has gone: health says NOT_SERVING and new speech calls are refused (UNAVAILABLE)."""

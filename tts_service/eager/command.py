@@ -15,7 +15,7 @@ import torch
 
 from tts_service.audio.reference import ReferenceAudioError, decode_audio_file
 from tts_service.eager.synthesize import EagerSynthesizer
-from tts_service.model.checkpoint import CheckpointError, LoadOptions, load_with_offline_fallback
+from tts_service.model.checkpoint import CheckpointError, LoadedModel, LoadOptions, load_model
 from tts_service.model.prompts import PromptError, SynthesisInput
 from tts_service.model.sources import DEFAULT_MODEL, OFFLINE_FALLBACK_MODEL
 from tts_service.runner.params import GenerationParams, SamplingParams, params_from_generation_config
@@ -63,6 +63,21 @@ def command_params(args: argparse.Namespace, defaults: GenerationParams, max_new
                             repetition_penalty=(defaults.repetition_penalty if args.repetition_penalty is None
                                                 else args.repetition_penalty),
                             max_new_frames=max_new_frames, seed=args.seed)
+
+
+def load_with_offline_fallback(source: str, options: LoadOptions) -> LoadedModel:
+    """`load_model`, except that the default model, when it cannot be had, is replaced by a tiny random one with a
+    warning, so that a fresh machine with no Hub access still runs the whole pipeline. This quick-start command
+    alone does this: a server loads exactly what it is asked for, or stops."""
+    try:
+        return load_model(source, options)
+    except CheckpointError as error:
+        if source != DEFAULT_MODEL:
+            raise
+        logger.warning("%s", error)
+        logger.warning("falling back to %s: a tiny model with RANDOM weights. It runs the whole pipeline, "
+                       "but its audio is noise, not speech.", OFFLINE_FALLBACK_MODEL)
+        return load_model(OFFLINE_FALLBACK_MODEL, options)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,10 @@ CODEC_CONVOLUTION_DTYPES = ("auto", "float32", "float16")
 
 @dataclass(frozen=True)
 class EngineConfig:
+    # -- loading --
+    # How long a Hub download that fails for a passing reason (unreachable, overloaded) is retried before the load
+    # fails: a server that cannot have its model exits rather than serve another.
+    model_download_timeout_s: float = 300.0
     # -- how many requests --
     max_running: int = 128  # requests decoded per step: the largest captured graph batch
     max_waiting: int = 256  # queued requests (new and preempted) before submit() refuses
@@ -97,6 +101,8 @@ class EngineConfig:
                  "min_decodes_to_schedule_ahead", ">= 0, or None")
         for name in ("max_audio_s", "max_reference_audio_s", "max_unread_audio_s"):
             _require(math.isfinite(getattr(self, name)) and getattr(self, name) > 0, name, "> 0")
+        _require(math.isfinite(self.model_download_timeout_s) and self.model_download_timeout_s >= 0,
+                 "model_download_timeout_s", ">= 0")
         _require(self.max_positions_per_request is None or self.max_positions_per_request >= 1,
                  "max_positions_per_request", ">= 1")
         _require(self.codec_dtype in CODEC_DTYPES, "codec_dtype", f"one of {', '.join(CODEC_DTYPES)}")

@@ -51,7 +51,7 @@ from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenizatio
 from tts_service.engine.voice_files import RegisteredVoice, VoiceShape
 from tts_service.engine.voice_store import VoiceLimits, VoiceNotFoundError, VoiceStore
 from tts_service.engine.warm_up import warm_up
-from tts_service.model.checkpoint import LoadedModel, LoadOptions, load_with_offline_fallback
+from tts_service.model.checkpoint import LoadedModel, LoadOptions, load_model
 from tts_service.model.prompts import Prompt, PromptBuilder, PromptError, SynthesisInput, VoiceClone
 from tts_service.model.voice_clone import clone_voice
 from tts_service.runner.runner import AudioRestart, DecodeInput, ModelRunner, PendingStep, PrefillInput, StepInput
@@ -231,13 +231,14 @@ class Engine:
     @classmethod
     def load(cls, source: str, device: str, config: EngineConfig,
              new_stream: Callable[[str], RequestStream] | None = None) -> Engine:
-        """Load `source` (a directory, a repo id or random:<preset>; offline, the default model falls back to a
-        tiny random one) on `device` and create an engine for it. Raises CheckpointError."""
+        """Load exactly `source` (a directory, a repo id or random:<preset>) on `device` and create an engine for it.
+        Raises CheckpointError when that model cannot be had: a server never serves another in its place."""
         options = LoadOptions.default_for(device, codec_decoder_dtype=config.codec_dtype,
                                           codec_convolution_dtype=config.codec_convolution_dtype)
-        model = load_with_offline_fallback(source, options)
+        model = load_model(source, options, max_download_wait_s=config.model_download_timeout_s)
         if model.is_random:
-            logger.warning("the model %s has RANDOM weights: its audio is noise, not speech", model.source)
+            logger.warning("the model %s has RANDOM weights, as asked for: its audio is noise, not speech",
+                           model.source)
         return cls.create(model, config, new_stream=new_stream)
 
     # -- lifecycle ----------------------------------------------------------------------------

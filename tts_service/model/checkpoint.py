@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ from torch import nn
 from tts_service.model.codec_decoder import CodecDecoder
 from tts_service.model.codec_encoder import CodecEncoder
 from tts_service.model.configs import ModelConfig, SpeechTokenizerConfig, describe_json
-from tts_service.model.sources import DEFAULT_MODEL, OFFLINE_FALLBACK_MODEL
 from tts_service.model.speaker_encoder import SpeakerEncoder
 from tts_service.model.talker import Talker
 from tts_service.model.text_tokenizer import TextTokenizerError, load_text_tokenizer
@@ -39,6 +39,8 @@ REQUIRED_FILES = (
 WEIGHT_FILES = ("model.safetensors", "speech_tokenizer/model.safetensors")
 _DOWNLOAD_PATTERNS = ["*.json", "*.txt", "*.safetensors", "speech_tokenizer/*"]
 _MAX_NAMES_SHOWN = 12
+_FIRST_RETRY_DELAY_S = 1.0
+_MAX_RETRY_DELAY_S = 30.0
 
 logger = logging.getLogger(__name__)
 
@@ -92,28 +94,72 @@ class LoadedModel:
         return self.talker.codec_head.weight.device
 
 
-def resolve_source(source: str, cache_dir: str | None = None) -> Path:
-    """A local directory as is; otherwise a Hugging Face repo id, downloaded (or found in the cache)."""
+def resolve_source(source: str, cache_dir: str | None = None, max_download_wait_s: float = 0.0) -> Path:
+    """A local directory as is; otherwise a Hugging Face repo id, downloaded (or found in the cache). A download that
+    fails for a reason that may pass (the Hub unreachable or overloaded) is retried with backoff for up to
+    `max_download_wait_s`."""
     path = Path(source).expanduser()
     if path.is_dir():
         return path
     if path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
         raise CheckpointError(f"model source {source!r} is neither a checkpoint directory nor a "
                               "Hugging Face repo id like 'Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice'")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    return download(source, cache_dir, max_download_wait_s)
 
-    try:
-        return Path(snapshot_download(source, allow_patterns=_DOWNLOAD_PATTERNS, cache_dir=cache_dir))
-    except LocalEntryNotFoundError as error:
-        raise CheckpointError(
-            f"cannot download {source!r}: the Hugging Face Hub is unreachable (or HF_HUB_OFFLINE is set) and "
-            "the repo is not in the local cache. Download it where the Hub is reachable "
-            f"(`huggingface-cli download {source} --local-dir DIR`) and pass --model DIR, "
-            "or run with --model random:tiny-custom_voice to try the service with random weights."
-        ) from error
-    except HfHubHTTPError as error:
-        raise CheckpointError(f"cannot download {source!r}: {error}") from error
+
+def download(source: str, cache_dir: str | None, max_wait_s: float, sleep: Callable[[float], None] = time.sleep,
+             clock: Callable[[], float] = time.monotonic) -> Path:
+    """The repo's snapshot, retried with exponential backoff while its failure may pass and time is left."""
+    from huggingface_hub import snapshot_download
+
+    deadline = clock() + max_wait_s
+    delay_s = _FIRST_RETRY_DELAY_S
+    num_attempts = 0
+    while True:
+        num_attempts += 1
+        try:
+            return Path(snapshot_download(source, allow_patterns=_DOWNLOAD_PATTERNS, cache_dir=cache_dir))
+        except Exception as error:
+            if not is_transient_download_error(error) or clock() + delay_s > deadline:
+                raise download_error(source, error, num_attempts) from error
+            logger.warning("cannot download %s yet (%s): attempt %d failed, retrying in %g s for up to %g s in all",
+                           source, _cause(error), num_attempts, delay_s, max_wait_s)
+        sleep(delay_s)
+        delay_s = min(2 * delay_s, _MAX_RETRY_DELAY_S)
+
+
+def is_transient_download_error(error: Exception) -> bool:
+    """Whether a download failed for a reason that may pass: the Hub unreachable, overloaded or rate limiting.
+    Offline mode, a missing or gated repo, or a bad token do not pass by waiting."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    if isinstance(error, LocalEntryNotFoundError):  # the Hub could not be reached and the cache lacks the repo
+        return not constants.HF_HUB_OFFLINE
+    if isinstance(error, RepositoryNotFoundError):  # also a gated or private repo without access
+        return False
+    if isinstance(error, HfHubHTTPError):
+        status = error.response.status_code if error.response is not None else None
+        return status is None or status == 429 or status >= 500
+    return isinstance(error, OSError)  # the HTTP client's connection errors
+
+
+def download_error(source: str, error: Exception, num_attempts: int) -> CheckpointError:
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    tried = f" after {num_attempts} attempts" if num_attempts > 1 else ""
+    if isinstance(error, LocalEntryNotFoundError):
+        why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hugging Face Hub is unreachable")
+        return CheckpointError(
+            f"cannot download {source!r}{tried}: {why} and the repo is not in the local cache. Download it where "
+            f"the Hub is reachable (`huggingface-cli download {source} --local-dir DIR`) and pass --model DIR, or run "
+            "with --model random:tiny-custom_voice to try the service with random weights.")
+    return CheckpointError(f"cannot download {source!r}{tried}: {_cause(error)}")
+
+
+def _cause(error: Exception) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def check_files(directory: Path) -> None:
@@ -283,24 +329,11 @@ def finish_loading(source: str, config: ModelConfig, speech_config: SpeechTokeni
     )
 
 
-def load_model(source: str, options: LoadOptions, cache_dir: str | None = None) -> LoadedModel:
-    """Load a model from a directory, a Hugging Face repo id, or `random:<preset>`."""
+def load_model(source: str, options: LoadOptions, cache_dir: str | None = None,
+               max_download_wait_s: float = 0.0) -> LoadedModel:
+    """Load a model from a directory, a Hugging Face repo id, or `random:<preset>`; exactly that model."""
     if source.startswith("random:"):
         from tts_service.model.random_checkpoint import build_random_model
 
         return build_random_model(source.removeprefix("random:"), options)
-    return load_checkpoint(resolve_source(source, cache_dir), options, source)
-
-
-def load_with_offline_fallback(source: str, options: LoadOptions) -> LoadedModel:
-    """`load_model`, except that the default model, when it cannot be had, is replaced by a tiny random one
-    (with a warning): a fresh machine with no Hub access still runs the whole pipeline."""
-    try:
-        return load_model(source, options)
-    except CheckpointError as error:
-        if source != DEFAULT_MODEL:
-            raise
-        logger.warning("%s", error)
-        logger.warning("falling back to %s: a tiny model with RANDOM weights. It runs the whole pipeline, "
-                       "but its audio is noise, not speech.", OFFLINE_FALLBACK_MODEL)
-        return load_model(OFFLINE_FALLBACK_MODEL, options)
+    return load_checkpoint(resolve_source(source, cache_dir, max_download_wait_s), options, source)

@@ -1,4 +1,4 @@
-"""Which model the front doors load when none is named, and the one they fall back to offline.
+"""Which model the front doors load when none is named, and the one the quick-start command falls back to offline.
 
 Kept apart from `checkpoint` (which imports torch) so that reading the configuration stays light.
 """
