@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from observability.playback import ChunkArrival, underruns
+from observability.playback import ChunkArrival, stalls
 
 
 def elapsed(start: float | None, end: float | None) -> float | None:
@@ -88,5 +88,6 @@ class CallRecord:
         return [later.arrival_s - earlier.arrival_s for earlier, later in pairwise(self.chunks_sent)]
 
     def underrun_s(self) -> float | None:
-        """Total lateness against playback from the first chunk; None for calls that streamed no chunks."""
-        return underruns(self.chunks_sent).total_s if self.chunks_sent else None
+        """How long a listener playing from the first chunk was starved, each stall once; None for calls that
+        streamed no chunks."""
+        return stalls(self.chunks_sent).total_s if self.chunks_sent else None

@@ -92,7 +92,8 @@ class ServiceMetrics:
         self.chunk_gap = histogram("qwen3_tts_audio_chunk_gap_seconds",
                                    "Time between consecutive audio chunks sent on one call.", GAP_BUCKETS)
         self.underrun = histogram("qwen3_tts_underrun_seconds",
-                                  "Per call, how late its chunks were against playback from the first chunk.",
+                                  "Per streamed call, how long a listener playing from its first chunk was "
+                                  "starved of audio, each stall counted once.",
                                   UNDERRUN_BUCKETS)
         self.step_time = Histogram("qwen3_tts_engine_step_seconds", "One engine step: schedule, execute, update.",
                                    names, buckets=STEP_BUCKETS, registry=self.registry)

@@ -1,7 +1,10 @@
-"""Underruns: when each audio chunk had to be in the listener's hands, and how late it was.
+"""Underruns: the time a listener spends hearing nothing in the middle of a stream.
 
-One arithmetic for both sides of the wire: the server's metrics (chunks as they leave) and the load
-generator (chunks as they arrive). Pure Python, so clients can use it without the server's dependencies.
+The listener's player starts at the first chunk with no pre-roll and, whenever it runs out of audio, pauses until
+the next chunk arrives and resumes from there. Each pause is a stall, counted once: a chunk that comes 0.5 s late
+delays the rest of the stream by 0.5 s, and chunks that then arrive promptly add nothing to it. One arithmetic for
+both sides of the wire: the server's metrics (chunks as they leave) and the load generator (chunks as they arrive).
+Pure Python, so clients can use it without the server's dependencies.
 """
 
 from __future__ import annotations
@@ -17,35 +20,36 @@ class ChunkArrival:
 
 
 @dataclass(frozen=True)
-class Underruns:
-    num_late_chunks: int
-    total_s: float
-    max_s: float
+class Stalls:
+    """How long each of a stream's stalls lasted, in order."""
+
+    durations_s: tuple[float, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return len(self.durations_s)
+
+    @property
+    def total_s(self) -> float:
+        """The time the listener was starved: the underrun of the stream."""
+        return sum(self.durations_s)
+
+    @property
+    def max_s(self) -> float:
+        return max(self.durations_s, default=0.0)
+
+    def longer_than(self, threshold_s: float) -> Stalls:
+        """Only the stalls longer than `threshold_s`: with 100 ms, the gaps vLLM-Omni counts."""
+        return Stalls(tuple(duration for duration in self.durations_s if duration > threshold_s))
 
 
-def underruns(chunks: list[ChunkArrival]) -> Underruns:
-    """Playback starts when the first chunk arrives, with no pre-roll: the strictest reading."""
-    if not chunks:
-        return Underruns(0, 0.0, 0.0)
-    playback_start = chunks[0].arrival_s - chunks[0].offset_s
-    lateness = [max(0.0, chunk.arrival_s - (playback_start + chunk.offset_s)) for chunk in chunks[1:]]
-    late = [value for value in lateness if value > 0]
-    return Underruns(len(late), sum(late), max(late, default=0.0))
-
-
-def continuity_underruns(chunks: list[ChunkArrival], threshold_s: float = 0.1) -> Underruns:
-    """Gaps in playback longer than `threshold_s` (vLLM-Omni's definition, 100 ms by default).
-
-    The player starts at the first chunk and, whenever it runs out of audio, pauses until the next
-    chunk arrives and resumes from there: a gap is one such pause, so a chunk arriving 60 ms late
-    delays the rest by 60 ms instead of making every later chunk late against the first schedule, as
-    `underruns` does. Counts, sums and takes the maximum of only the gaps longer than the threshold.
-    """
-    gaps: list[float] = []
+def stalls(chunks: list[ChunkArrival]) -> Stalls:
+    """The stalls of a player fed `chunks`, in arrival order."""
+    durations: list[float] = []
     playing_from = chunks[0].arrival_s if chunks else 0.0  # when the previous chunk started playing
     for previous, chunk in pairwise(chunks):
-        due = playing_from + chunk.offset_s - previous.offset_s  # when the previous chunk runs out
-        gaps.append(max(0.0, chunk.arrival_s - due))
-        playing_from = max(due, chunk.arrival_s)
-    long_gaps = [gap for gap in gaps if gap > threshold_s]
-    return Underruns(len(long_gaps), sum(long_gaps), max(long_gaps, default=0.0))
+        runs_out = playing_from + chunk.offset_s - previous.offset_s  # when the previous chunk has been played
+        if chunk.arrival_s > runs_out:
+            durations.append(chunk.arrival_s - runs_out)
+        playing_from = max(runs_out, chunk.arrival_s)
+    return Stalls(tuple(durations))

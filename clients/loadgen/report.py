@@ -1,10 +1,10 @@
 """The run's summary: percentiles, errors by status, requests in flight, underruns, and the generator's own lag.
 
-Underruns are counted two ways per completed request (observability/playback.py): strict, the
-project's definition (playback starts at the first chunk with no pre-roll and each later chunk is due
-at that moment plus its offset; any chunk after its due time makes the request an underrun), and with
-a 100 ms continuity threshold, vLLM-Omni's (a player that pauses when it runs dry and resumes when
-the next chunk arrives; the request is an underrun only if some such pause exceeds 100 ms).
+Underruns are the stalls of each completed request (observability/playback.py, the definition the server's
+`qwen3_tts_underrun_seconds` uses): a player that starts at the first chunk with no pre-roll pauses whenever it runs
+out of audio and resumes when the next chunk arrives, and each such pause is one stall. A request with any stall
+underran; `stall_s` sums and takes the longest of all stalls. The stalls longer than 100 ms are summarised again,
+as vLLM-Omni's continuity threshold counts them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ import math
 from collections import Counter
 
 from clients.loadgen.run import RequestRecord
+from observability.playback import Stalls
+
+# vLLM-Omni counts a gap in playback only past 100 ms; the same view of our stalls makes the two comparable.
+_LONG_STALL_S = 0.1
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -29,25 +33,32 @@ def summarize(records: list[RequestRecord], wall_s: float) -> dict:
     end_to_end = [r.end_to_end_s for r in completed if r.end_to_end_s is not None]
     rtf = [r.realtime_factor for r in completed if r.realtime_factor is not None]
     lag = [record.start_lag_s for record in records]
-    late = [r for r in completed if r.underruns.num_late_chunks]
-    paused = [r for r in completed if r.continuity_underruns.num_late_chunks]
+    every_stall = [r.stalls for r in completed]
+    long_stalls = [r.stalls.longer_than(_LONG_STALL_S) for r in completed]
     return {
         "num_requests": len(records), "num_completed": len(completed),
         "errors_by_status": dict(Counter(r.status for r in records if r.status != "OK")),
         "ttfa_ms": {f"p{int(q * 100)}": _ms(percentile(ttfa, q)) for q in (0.5, 0.9, 0.95, 0.99)},
         "end_to_end_ms": {"p50": _ms(percentile(end_to_end, 0.5)), "p95": _ms(percentile(end_to_end, 0.95))},
         "rtf": {"p50": percentile(rtf, 0.5), "p95": percentile(rtf, 0.95), "max": max(rtf, default=None)},
-        "num_requests_with_underruns": len(late),
-        "underrun_s": {"total": sum(r.underruns.total_s for r in completed),
-                       "max": max((r.underruns.max_s for r in completed), default=0.0)},
-        "num_requests_with_gaps_over_100ms": len(paused),
-        "gap_over_100ms_s": {"total": sum(r.continuity_underruns.total_s for r in completed),
-                             "max": max((r.continuity_underruns.max_s for r in completed), default=0.0)},
+        "num_requests_with_underruns": _num_stalled(every_stall), "stall_s": _stall_totals(every_stall),
+        "num_requests_with_stalls_over_100ms": _num_stalled(long_stalls),
+        "stall_over_100ms_s": _stall_totals(long_stalls),
         "peak_in_flight": peak_in_flight(records),
         "achieved_requests_per_s": len(records) / wall_s if wall_s > 0 else None,
         "audio_s_per_wall_s": sum(r.audio_s for r in completed) / wall_s if wall_s > 0 else None,
         "start_lag_ms": {"p95": _ms(percentile(lag, 0.95)), "max": _ms(max(lag, default=None))},
     }
+
+
+def _num_stalled(per_request: list[Stalls]) -> int:
+    return sum(1 for request_stalls in per_request if request_stalls.count)
+
+
+def _stall_totals(per_request: list[Stalls]) -> dict[str, float]:
+    """All the requests' stalls: their total seconds and the longest one."""
+    return {"total": sum(request_stalls.total_s for request_stalls in per_request),
+            "max": max((request_stalls.max_s for request_stalls in per_request), default=0.0)}
 
 
 def peak_in_flight(records: list[RequestRecord]) -> int:
@@ -72,13 +83,13 @@ def table(load: str, summary: dict) -> str:
 
     header = (f"{'load':>6} {'reqs':>5} {'ok':>5} {'errors':>7} {'ttfa p50':>9} {'ttfa p95':>9} {'ttfa p99':>9} "
               f"{'rtf p50':>8} {'rtf max':>8} {'peak in flight':>14} {'audio s/s':>9} {'underrun reqs':>14} "
-              f"{'gap>100ms reqs':>14} {'underrun max ms':>16} {'lag p95 ms':>11}")
+              f"{'stall>100ms reqs':>16} {'stall max ms':>13} {'stall total s':>13} {'lag p95 ms':>11}")
     errors = sum(summary["errors_by_status"].values())
     row = (f"{load:>6} {summary['num_requests']:>5} {summary['num_completed']:>5} {errors:>7} "
            f"{number(summary['ttfa_ms']['p50']):>9} {number(summary['ttfa_ms']['p95']):>9} "
            f"{number(summary['ttfa_ms']['p99']):>9} {number(summary['rtf']['p50'], 2):>8} "
            f"{number(summary['rtf']['max'], 2):>8} {summary['peak_in_flight']:>14} "
            f"{number(summary['audio_s_per_wall_s'], 1):>9} {summary['num_requests_with_underruns']:>14} "
-           f"{summary['num_requests_with_gaps_over_100ms']:>14} "
-           f"{number(1e3 * summary['underrun_s']['max']):>16} {number(summary['start_lag_ms']['p95'], 1):>11}")
+           f"{summary['num_requests_with_stalls_over_100ms']:>16} {number(1e3 * summary['stall_s']['max']):>13} "
+           f"{number(summary['stall_s']['total'], 2):>13} {number(summary['start_lag_ms']['p95'], 1):>11}")
     return f"{header}\n{row}"

@@ -12,7 +12,7 @@ import grpc
 
 from clients.loadgen.schedule import PlannedRequest, text_fragments
 from clients.qwen3_tts_client import AsyncTtsClient, AudioFormat, Generation, Voice
-from observability.playback import ChunkArrival, Underruns, continuity_underruns, underruns
+from observability.playback import ChunkArrival, Stalls, stalls
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,7 @@ class RequestRecord:
     audio_s: float
     realtime_factor: float | None
     num_chunks: int
-    underruns: Underruns  # strict: playback from the first chunk, late against that fixed schedule
-    continuity_underruns: Underruns  # only pauses in playback longer than 100 ms
+    stalls: Stalls  # of a player that starts at the first chunk and pauses whenever it runs out of audio
     finish_reason: str
 
 
@@ -131,5 +130,4 @@ def _record(request: PlannedRequest, start_lag_s: float, status: str, started: f
         finished_s=request.start_s + start_lag_s + ended - started, status=status,
         time_to_first_audio_s=first_audio, end_to_end_s=end_to_end,
         audio_s=audio_s, realtime_factor=end_to_end / audio_s if end_to_end is not None and audio_s > 0 else None,
-        num_chunks=len(arrivals), underruns=underruns(arrivals), continuity_underruns=continuity_underruns(arrivals),
-        finish_reason=finish_reason)
+        num_chunks=len(arrivals), stalls=stalls(arrivals), finish_reason=finish_reason)

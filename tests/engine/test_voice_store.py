@@ -5,19 +5,28 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from tts_service.engine.voice_files import VoiceShape
-from tts_service.engine.voice_store import VoiceLimits, VoiceNotFoundError, VoiceStore, VoiceStoreFullError
+from tts_service.engine.voice_store import (
+    DirectoryStorage,
+    VoiceLimits,
+    VoiceNotFoundError,
+    VoiceStore,
+    VoiceStoreFullError,
+)
 from tts_service.model.prompts import VoiceClone
 
 SHAPE = VoiceShape(embedding_size=8, num_code_groups=4, device=torch.device("cpu"))
 LIMITS = VoiceLimits(max_voices=10, max_voice_bytes=1 << 20, max_voices_per_owner=10)
 IN_CONTEXT = VoiceClone(speaker_embedding=torch.linspace(-1, 1, 8), reference_codes=((1, 2, 3, 4), (5, 6, 7, 8)),
                         reference_text="Hello.")
+UNSEEN_ID = "voice_" + "b" * 24
 
 
 def open_store(directory: Path, limits: VoiceLimits = LIMITS, shape: VoiceShape = SHAPE) -> VoiceStore:
@@ -61,6 +70,65 @@ def test_a_damaged_file_is_reported_at_open_and_never_served(tmp_path: Path, dam
         reopened.get(damaged.voice_id, "")
 
 
+
+def plant_a_fifo(store: Path, elsewhere: Path) -> str:
+    os.mkfifo(store / f"{UNSEEN_ID}.safetensors")
+    return UNSEEN_ID
+
+
+def plant_a_link_to_a_valid_voice_elsewhere(store: Path, elsewhere: Path) -> str:
+    voice = open_store(elsewhere).create(IN_CONTEXT, 1.0, owner="")
+    (store / f"{voice.voice_id}.safetensors").symlink_to(elsewhere / f"{voice.voice_id}.safetensors")
+    return voice.voice_id
+
+
+def plant_a_directory(store: Path, elsewhere: Path) -> str:
+    (store / f"{UNSEEN_ID}.safetensors").mkdir()
+    return UNSEEN_ID
+
+
+@pytest.mark.timeout(10)  # reading a FIFO with no writer would block for ever
+@pytest.mark.parametrize(("plant", "kind"), [(plant_a_fifo, "a FIFO"),
+                                             (plant_a_link_to_a_valid_voice_elsewhere, "a symbolic link"),
+                                             (plant_a_directory, "a directory")])
+def test_an_entry_that_is_not_a_regular_file_is_reported_once_and_treated_as_absent(
+        tmp_path: Path, plant: Callable[[Path, Path], str], kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    store_path = tmp_path / "store"
+    kept = open_store(store_path).create(IN_CONTEXT, 1.0, owner="")
+    planted_id = plant(store_path, tmp_path / "elsewhere")
+    with caplog.at_level(logging.ERROR):
+        store = open_store(store_path)
+        for _ in range(3):
+            assert [voice.voice_id for voice in store.owned_by("")] == [kept.voice_id]
+            with pytest.raises(VoiceNotFoundError):
+                store.get(planted_id, "")
+    reports = [record.getMessage() for record in caplog.records if planted_id in record.getMessage()]
+    assert len(reports) == 1
+    assert f"not a regular file but {kind}" in reports[0]
+
+
+def test_a_file_larger_than_a_voice_may_take_is_reported_and_treated_as_absent(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    voice = open_store(tmp_path).create(IN_CONTEXT, 1.0, owner="")
+    size = (tmp_path / f"{voice.voice_id}.safetensors").stat().st_size
+    one_byte_short = replace(LIMITS, max_voice_bytes=size - 1)
+    with caplog.at_level(logging.ERROR):
+        assert open_store(tmp_path, limits=one_byte_short).owned_by("") == []
+    assert f"skipping voice {voice.voice_id}" in caplog.text and "--max-voice-bytes" in caplog.text
+    just_enough = replace(LIMITS, max_voice_bytes=size)
+    assert [found.voice_id for found in open_store(tmp_path, limits=just_enough).owned_by("")] == [voice.voice_id]
+
+
+def test_a_write_replaces_a_link_planted_at_its_name_and_never_writes_through_it(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not the store's")
+    storage = DirectoryStorage(tmp_path / "store", LIMITS.max_voice_bytes)
+    planted = tmp_path / "store" / f"{UNSEEN_ID}.safetensors"
+    planted.symlink_to(outside)
+    storage.write(UNSEEN_ID, b"the voice")
+    assert outside.read_bytes() == b"not the store's"
+    assert not planted.is_symlink() and planted.read_bytes() == b"the voice"
+
 def test_a_file_renamed_to_another_id_or_cloned_by_another_model_is_refused(tmp_path: Path) -> None:
     voice = open_store(tmp_path).create(IN_CONTEXT, 1.0, owner="")
     other_id = "voice_" + "a" * 24
@@ -98,6 +166,15 @@ def test_a_write_abandoned_by_a_crash_is_removed_at_open_and_a_recent_one_is_lef
     assert not abandoned.exists() and recent.exists()
     assert "a write that never finished" in caplog.text
 
+
+
+def test_an_old_temporary_entry_that_is_no_file_is_left_alone_and_the_store_still_opens(tmp_path: Path) -> None:
+    not_a_write = tmp_path / ".tmp-not-a-write"
+    not_a_write.mkdir()
+    an_hour_ago = time.time() - 3600
+    os.utime(not_a_write, (an_hour_ago, an_hour_ago))
+    assert open_store(tmp_path).owned_by("") == []
+    assert not_a_write.is_dir()
 
 def test_another_owner_sees_nothing_and_cannot_delete(tmp_path: Path) -> None:
     store = open_store(tmp_path)

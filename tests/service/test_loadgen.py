@@ -1,4 +1,4 @@
-"""The load generator: its schedule, its underrun arithmetic, and a short run against a real server."""
+"""The load generator: its schedule, its summary of stalls, and a short run against a real server."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 
 from clients.loadgen.__main__ import main as loadgen_main
 from clients.loadgen.__main__ import read_report, write_report
-from clients.loadgen.report import peak_in_flight, percentile
+from clients.loadgen.report import peak_in_flight, percentile, summarize
 from clients.loadgen.run import RequestRecord
 from clients.loadgen.schedule import closed_loop_plan, poisson_schedule, texts
-from observability.playback import ChunkArrival, Underruns, continuity_underruns, underruns
+from observability.playback import Stalls
 from tests.service.helpers import RunningServer
 
 
@@ -50,16 +50,6 @@ def test_the_loadgen_refuses_a_load_it_cannot_run(arguments: list[str], tmp_path
     assert not (tmp_path / "never.json").exists()
 
 
-def test_a_chunk_is_late_by_how_long_after_its_playback_time_it_arrived() -> None:
-    # Playback starts at t=1.0 with the chunk at offset 0; the chunk at 0.5 s is due at 1.5.
-    on_time = [ChunkArrival(1.0, 0.0), ChunkArrival(1.4, 0.5), ChunkArrival(1.9, 1.0)]
-    assert underruns(on_time).num_late_chunks == 0
-    late = underruns([ChunkArrival(1.0, 0.0), ChunkArrival(1.7, 0.5), ChunkArrival(2.3, 1.0)])
-    assert late.num_late_chunks == 2
-    assert late.total_s == pytest.approx(0.2 + 0.3) and late.max_s == pytest.approx(0.3)
-    assert underruns([]).num_late_chunks == 0
-
-
 def test_the_text_set_is_large_mostly_english_and_spread_from_short_to_long() -> None:
     shipped = texts()
     assert len(shipped) >= 500 and len({text.text for text in shipped}) == len(shipped)
@@ -91,35 +81,23 @@ def test_chinese_texts_ask_for_audio_at_a_mandarin_speaking_rate() -> None:
         assert request.max_audio_seconds == pytest.approx(max(0.16, len(request.text) / 4.5))
 
 
-def test_a_60_ms_gap_is_a_strict_underrun_but_not_over_the_100_ms_threshold() -> None:
-    # The chunk at offset 0.5 s is due at 1.5 and arrives at 1.56: playback pauses for 60 ms.
-    timeline = [ChunkArrival(1.0, 0.0), ChunkArrival(1.56, 0.5), ChunkArrival(2.06, 1.0)]
-    assert underruns(timeline).num_late_chunks == 2  # the third chunk is late against the first schedule
-    assert continuity_underruns(timeline) == Underruns(0, 0.0, 0.0)
+NO_STALLS = Stalls()
 
 
-def test_a_150_ms_gap_is_an_underrun_both_ways() -> None:
-    timeline = [ChunkArrival(1.0, 0.0), ChunkArrival(1.65, 0.5), ChunkArrival(2.15, 1.0)]
-    assert underruns(timeline).max_s == pytest.approx(0.15)
-    gaps = continuity_underruns(timeline)
-    assert gaps.num_late_chunks == 1 and gaps.max_s == pytest.approx(0.15) and gaps.total_s == pytest.approx(0.15)
-
-
-def test_the_threshold_applies_to_each_pause_not_to_the_accumulated_delay() -> None:
-    # Two 60 ms pauses: strictly the last chunk is 120 ms behind the first schedule, yet no pause tops 100 ms.
-    timeline = [ChunkArrival(1.0, 0.0), ChunkArrival(1.56, 0.5), ChunkArrival(2.12, 1.0)]
-    assert underruns(timeline).max_s == pytest.approx(0.12)
-    assert continuity_underruns(timeline).num_late_chunks == 0
-    assert continuity_underruns(timeline, threshold_s=0.05).total_s == pytest.approx(0.12)
-    assert continuity_underruns([]).num_late_chunks == 0
-
-
-def record(sent_s: float, finished_s: float) -> RequestRecord:
-    none = Underruns(0, 0.0, 0.0)
+def record(sent_s: float, finished_s: float, stalls: Stalls = NO_STALLS) -> RequestRecord:
     return RequestRecord(index=0, rpc="online", language="english", text_chars=1, scheduled_s=sent_s,
                          start_lag_s=0.0, finished_s=finished_s, status="OK", time_to_first_audio_s=None,
-                         end_to_end_s=None, audio_s=0.0, realtime_factor=None, num_chunks=0, underruns=none,
-                         continuity_underruns=none, finish_reason="")
+                         end_to_end_s=None, audio_s=0.0, realtime_factor=None, num_chunks=0, stalls=stalls,
+                         finish_reason="")
+
+
+def test_the_summary_counts_requests_that_stalled_and_sums_each_stall_once() -> None:
+    summary = summarize([record(0, 1), record(0, 1, Stalls((0.06, 0.5))), record(0, 1, Stalls((0.04,)))],
+                        wall_s=1.0)
+    assert summary["num_requests_with_underruns"] == 2
+    assert summary["stall_s"] == {"total": pytest.approx(0.6), "max": 0.5}
+    assert summary["num_requests_with_stalls_over_100ms"] == 1
+    assert summary["stall_over_100ms_s"] == {"total": 0.5, "max": 0.5}
 
 
 def test_peak_in_flight_counts_overlapping_requests_only() -> None:
@@ -150,7 +128,7 @@ def test_a_short_open_loop_run_completes_every_scheduled_request(custom_voice_se
         assert record["audio_s"] > 0 and record["num_chunks"] >= 1 and record["finish_reason"] == "length"
     assert {record["rpc"] for record in requests} <= {"online", "streaming"}
     assert summary["ttfa_ms"]["p50"] > 0 and summary["audio_s_per_wall_s"] > 0 and summary["peak_in_flight"] >= 1
-    assert summary["num_requests_with_gaps_over_100ms"] <= summary["num_requests_with_underruns"]
+    assert summary["num_requests_with_stalls_over_100ms"] <= summary["num_requests_with_underruns"]
 
 
 def test_a_closed_loop_keeps_its_concurrency_in_flight_and_sends_each_call_when_one_ends(

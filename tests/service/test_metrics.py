@@ -20,6 +20,7 @@ from observability.metrics import LiveState, ServiceMetrics
 from observability.playback import ChunkArrival
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server, wait_until
 from tests.service.processes import free_port
+from tests.test_playback import chunks_with_one_late
 from tts_service.model.checkpoint import LoadedModel
 
 NUM_IDLE_CONNECTIONS = 200
@@ -109,6 +110,17 @@ def test_a_streamed_calls_first_audio_path_is_observed_from_the_server_and_engin
         assert value(scrape, "qwen3_tts_first_audio_path_seconds_count", phase=phase) == 1
         assert value(scrape, "qwen3_tts_first_audio_path_seconds_sum", phase=phase) == pytest.approx(seconds)
     assert value(scrape, "qwen3_tts_time_to_first_audio_seconds_sum") == pytest.approx(0.013)
+
+
+def test_a_calls_underrun_is_the_time_its_listener_was_starved_each_stall_once() -> None:
+    metrics = ServiceMetrics("tiny", "custom_voice")
+    record = CallRecord("SynthesizeOnline", "one-stall", started=100.0)
+    record.chunks_sent.extend(chunks_with_one_late(0.5))  # the chunks behind the late one each add nothing
+    assert record.underrun_s() == pytest.approx(0.5)
+    metrics.observe_call(record, "OK")
+    scrape = samples(metrics)
+    assert value(scrape, "qwen3_tts_underrun_seconds_count") == 1
+    assert value(scrape, "qwen3_tts_underrun_seconds_sum") == pytest.approx(0.5)
 
 
 def test_live_gauges_read_the_scheduler_and_return_to_zero(metered: tuple[RunningServer, ServiceMetrics]) -> None:

@@ -3,7 +3,9 @@
 The store is the one place that decides who sees a voice: a voice belongs to its owner, and any other owner is told
 it does not exist, exactly as for an id never created. Every read decodes and checks the voice again, so that a file
 damaged on disk, or written by another replica sharing the directory, is judged when it is used: a damaged one is
-logged (once) and treated as absent, never served.
+logged (once) and treated as absent, never served. So is an entry under a voice's name that is not a regular file
+(a FIFO, a device, a directory, a symbolic link) or is larger than a voice may be: reading a FIFO would block every
+later call of the one worker thread, and a link would serve a file from outside the directory.
 
 Its methods block on the disk: the engine calls them from a worker thread, one at a time, which also makes the check
 of the count limit and the write that follows it one step.
@@ -11,10 +13,12 @@ of the count limit and the write that follows it one step.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import secrets
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,6 +42,13 @@ _SUFFIX = ".safetensors"
 _TEMP_PREFIX = ".tmp-"
 # A temporary file this old is a write that never finished (a crash), not one another replica is still making.
 _ABANDONED_WRITE_AGE_S = 600.0
+# O_NOFOLLOW: a link planted under a voice's name is refused, not followed out of the directory. O_NONBLOCK: opening a
+# FIFO returns at once instead of waiting for a writer; it changes nothing for a regular file.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Entries that open refuses outright, with those flags, for not being files.
+_UNOPENABLE_KINDS = {errno.ELOOP: "a symbolic link", errno.ENXIO: "a socket or a device with no driver"}
+_NON_REGULAR_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                      (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 def is_voice_id(text: str) -> bool:
@@ -101,11 +112,13 @@ class MemoryStorage:
 
 class DirectoryStorage:
     """One `<voice id>.safetensors` file per voice. A file appears whole or not at all: it is written under a
-    temporary name, flushed to disk, then renamed, and the directory is flushed after every rename and removal."""
+    temporary name, flushed to disk, then renamed, and the directory is flushed after every rename and removal.
+    Only a regular file of at most `max_file_bytes` is read as a voice."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, max_file_bytes: int) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
+        self.max_file_bytes = max_file_bytes
 
     def check_writable(self) -> None:
         """Raise OSError now, at start-up, when a voice could not be written here later."""
@@ -114,10 +127,22 @@ class DirectoryStorage:
         Path(temporary).unlink()
 
     def read(self, voice_id: str) -> bytes | None:
+        """The voice's file, or None when there is none. CorruptVoiceError when the entry is not a regular file or
+        is larger than a voice may be; the kind of entry is judged on the opened descriptor, so that it cannot be
+        swapped between the check and the read."""
         try:
-            return self._path(voice_id).read_bytes()
+            descriptor = os.open(self._path(voice_id), _READ_FLAGS)
         except FileNotFoundError:
             return None
+        except OSError as error:
+            if error.errno in _UNOPENABLE_KINDS:
+                raise CorruptVoiceError(f"not a regular file but {_UNOPENABLE_KINDS[error.errno]}") from None
+            raise
+        try:
+            _require_regular_file(os.fstat(descriptor).st_mode)
+            return _read_at_most(descriptor, self.max_file_bytes)
+        finally:
+            os.close(descriptor)
 
     def write(self, voice_id: str, data: bytes) -> None:
         descriptor, temporary = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=self.directory)
@@ -126,6 +151,7 @@ class DirectoryStorage:
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())
+            # A rename replaces whatever entry holds the name, a planted link included, and never writes through it.
             os.replace(temporary, self._path(voice_id))
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
@@ -148,8 +174,10 @@ class DirectoryStorage:
         """Temporary files left by a write that a crash cut short: reported, and removed."""
         for path in self.directory.glob(f"{_TEMP_PREFIX}*"):
             try:
-                age_s = time.time() - path.stat().st_mtime
-                if age_s >= _ABANDONED_WRITE_AGE_S:
+                status = path.lstat()
+                # The store's writes are regular files: any other entry under the prefix is not one of them, and
+                # unlinking a directory would fail, stopping the server at start.
+                if stat.S_ISREG(status.st_mode) and time.time() - status.st_mtime >= _ABANDONED_WRITE_AGE_S:
                     logger.warning("voice store: removing %s, a write that never finished", path)
                     path.unlink()
             except FileNotFoundError:  # its writer finished, or another replica removed it
@@ -180,7 +208,7 @@ class VoiceStore:
             logger.info("voice store: in memory, registered voices end with the process")
             return cls(MemoryStorage(), limits, shape)
         try:
-            storage = DirectoryStorage(directory)
+            storage = DirectoryStorage(directory, limits.max_voice_bytes)
             storage.check_writable()
             storage.remove_abandoned_writes()
         except OSError as error:
@@ -238,13 +266,30 @@ class VoiceStore:
             raise VoiceNotFoundError(voice_id)
 
     def _read(self, voice_id: str) -> RegisteredVoice | None:
-        data = self.storage.read(voice_id)
-        if data is None:
-            return None
         try:
-            return decode_voice(data, voice_id, self._shape)
+            data = self.storage.read(voice_id)
+            return None if data is None else decode_voice(data, voice_id, self._shape)
         except CorruptVoiceError as error:
             if (voice_id, str(error)) not in self._reported:
                 self._reported.add((voice_id, str(error)))
                 logger.error("voice store: skipping voice %s, which cannot be served: %s", voice_id, error)
             return None
+
+
+def _require_regular_file(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for is_kind, name in _NON_REGULAR_KINDS if is_kind(mode)), "an unknown kind of entry")
+        raise CorruptVoiceError(f"not a regular file but {kind}")
+
+
+def _read_at_most(descriptor: int, max_bytes: int) -> bytes:
+    """The file's bytes, reading at most one byte past `max_bytes`: CorruptVoiceError when that byte is there, so
+    that a file growing while it is read is bounded too."""
+    parts: list[bytes] = []
+    remaining = max_bytes + 1
+    while remaining > 0 and (part := os.read(descriptor, remaining)):
+        parts.append(part)
+        remaining -= len(part)
+    if remaining == 0:
+        raise CorruptVoiceError(f"larger than the {max_bytes} bytes a voice may take (--max-voice-bytes)")
+    return b"".join(parts)
