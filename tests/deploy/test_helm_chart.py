@@ -211,6 +211,14 @@ def test_the_wiring_matches_the_server(helm: str, value_set: str, tmp_path: Path
     assert all("secretKeyRef" in variable["valueFrom"] for variable in api_keys)
 
 
+def test_the_engine_stall_timeout_reaches_the_server_and_liveness_asks_the_health_a_stall_turns_off(
+        helm: str, tmp_path: Path) -> None:
+    container = server_container(render(helm, "--set", "server.engineStallTimeoutSeconds=45"))
+    assert server_config(container, tmp_path).engine_stall_timeout_seconds == 45
+    # A stalled engine core turns the whole server's health (service "") NOT_SERVING, which fails a gRPC probe.
+    assert container["livenessProbe"]["grpc"]["service"] == ""
+
+
 def test_both_listeners_can_bind_the_host_the_chart_gives_the_server(helm: str, tmp_path: Path) -> None:
     check_bindable(server_config(server_container(render(helm)), tmp_path))
 
@@ -346,6 +354,7 @@ def test_the_notes_show_a_grpcurl_call_the_api_accepts(helm: str, tmp_path: Path
     (["--set", "tls.enabled=true"], "tls.secretName"),
     (["--set", "tls.clientCASecretName=client-ca"], "tls.clientCASecretName"),
     (["--set", "server.port=70000"], "server.port"),
+    (["--set", "server.engineStallTimeoutSeconds=0"], "server.engineStallTimeoutSeconds"),
     (["--set", "gpu.count=0"], "gpu.count"),
     (["--set", "image.digest=latest"], "image.digest"),
     (["--set", "voiceStore.maxVoices=0"], "voiceStore.maxVoices"),

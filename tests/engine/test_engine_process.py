@@ -1,15 +1,19 @@
 """The engine core in a process of its own (EngineProcess) behaves as the engine does in this one: same codes and
-audio, same errors, and when the core dies every stream and call ends with an error and nothing hangs."""
+audio, same errors, and when the core dies, stops or stalls every stream and call ends with an error and nothing
+hangs."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,6 +25,7 @@ from tts_service.engine import (
     CoreSpec,
     Engine,
     EngineConfig,
+    EngineCoreLost,
     EngineProcess,
     EngineStoppedError,
     FinishReason,
@@ -31,9 +36,14 @@ from tts_service.engine import (
     SynthesisInput,
     SynthesisRequest,
     SynthesisSummary,
+    engine_process,
 )
+from tts_service.engine import engine as engine_module
+from tts_service.engine.core_process import run_core
+from tts_service.engine.step_work import StepDone, StepWork
 from tts_service.engine.wire import portable
 from tts_service.model.checkpoint import LoadedModel
+from tts_service.runner.runner import ModelRunner
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,16 +51,23 @@ CONFIG = EngineConfig(max_running=4, max_waiting=8, max_positions_per_request=51
 TEXT = "The core runs in a process of its own."
 SEEDED = GenerationParams(talker=SamplingParams(0.9, top_k=50), predictor=SamplingParams(0.9, top_k=50),
                           max_new_frames=12, min_new_frames=12, seed=7)
+LONG = GenerationParams(max_new_frames=400, min_new_frames=400)
+STALL_TIMEOUT_S = 30.0
+# Short enough for a test, long enough for the first step on a busy CPU, which pays one-time costs (about 1 s).
+SHORT_STALL_TIMEOUT_S = 2.0
+# Time for the server's process to notice, kill and fail, on a busy machine, beyond the stall timeout itself.
+NOTICE_MARGIN_S = 3.0
+STUCK_SEED = 666  # the seed of the request whose first step never ends
 
 
-def spec_for(checkpoint: Path, config: EngineConfig = CONFIG) -> CoreSpec:
-    return CoreSpec(str(checkpoint), "cpu", config, "WARNING", "text", 0.005)
+def spec_for(checkpoint: Path, config: EngineConfig = CONFIG, stall_timeout_s: float = STALL_TIMEOUT_S) -> CoreSpec:
+    return CoreSpec(str(checkpoint), "cpu", config, "WARNING", "text", 0.005, stall_timeout_s)
 
 
 def with_core(checkpoint: Path, body: Callable[[EngineProcess], Awaitable[T]],
-              config: EngineConfig = CONFIG) -> T:
+              config: EngineConfig = CONFIG, stall_timeout_s: float = STALL_TIMEOUT_S) -> T:
     async def run() -> T:
-        engine = await EngineProcess.start(spec_for(checkpoint, config))
+        engine = await EngineProcess.start(spec_for(checkpoint, config, stall_timeout_s))
         try:
             return await asyncio.wait_for(body(engine), 60)
         finally:
@@ -151,7 +168,7 @@ def test_killing_the_core_mid_stream_fails_every_stream_and_call_and_nothing_han
         playing = await engine.submit(SynthesisRequest("playing", SynthesisInput(TEXT, "english", "ryan"), long))
         await anext(playing)
         os.kill(engine.pid, signal.SIGKILL)
-        with pytest.raises(RequestFailed) as failed:
+        with pytest.raises(EngineCoreLost) as failed:
             async for _ in playing:
                 pass
         assert failed.value.summary.finish_reason is FinishReason.ERROR
@@ -162,6 +179,99 @@ def test_killing_the_core_mid_stream_fails_every_stream_and_call_and_nothing_han
             await engine.submit(speaker_request("after"))
 
     with_core(tiny_checkpoints["custom_voice"], kill_mid_stream)
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[float]:
+    """The process stopped (SIGSTOP) from when this yields its monotonic time; let go again after, so that a test
+    that fails leaves no stopped process behind (continuing one that was killed meanwhile does nothing)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield time.monotonic()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_stopped_core_holding_work_is_killed_and_its_streams_and_calls_end_within_the_stall_timeout(
+        tiny_checkpoints: dict[str, Path]) -> None:
+    async def stop_mid_stream(engine: EngineProcess) -> tuple[float, str | None]:
+        playing = await engine.submit(SynthesisRequest("playing", SynthesisInput(TEXT, "english", "ryan"), LONG))
+        await anext(playing)
+        assert engine.pid is not None
+        with stopped(engine.pid) as stopped_at:
+            waiting = asyncio.ensure_future(engine.submit(speaker_request("waiting")))
+            with pytest.raises(EngineCoreLost) as lost:
+                async for _ in playing:
+                    pass
+            ended_s = time.monotonic() - stopped_at
+            with pytest.raises(EngineStoppedError):
+                await waiting
+            await engine.wait_exited()
+            assert not engine.is_running
+            await asyncio.wait_for(engine.stop(), NOTICE_MARGIN_S)  # it was killed: a stopped core would not end
+            assert not engine.is_alive
+        return ended_s, lost.value.summary.error
+
+    ended_s, reason = with_core(tiny_checkpoints["custom_voice"], stop_mid_stream,
+                                stall_timeout_s=SHORT_STALL_TIMEOUT_S)
+    assert ended_s < SHORT_STALL_TIMEOUT_S + NOTICE_MARGIN_S
+    assert reason == f"the engine core made no progress for {SHORT_STALL_TIMEOUT_S:g} s"
+
+
+def run_core_whose_marked_step_never_ends(spec: CoreSpec, channel: socket.socket) -> None:
+    """The core's entry point, with a runner that never returns from the step that prefills the marked request;
+    its event loop goes on (it answers calls and beats)."""
+    original = engine_module.run_step
+
+    def stuck_on_the_marked_request(runner: ModelRunner, work: StepWork,
+                                    hand_out_previous: Callable[[], None] | None) -> StepDone:
+        if any(item.params.seed == STUCK_SEED for item in work.step.prefills):
+            threading.Event().wait()
+        return original(runner, work, hand_out_previous)
+
+    engine_module.run_step = stuck_on_the_marked_request
+    run_core(spec, channel)
+
+
+def test_a_core_whose_step_never_ends_is_killed_though_its_event_loop_still_answers(
+        tiny_checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_process, "run_core", run_core_whose_marked_step_never_ends)
+    marked = GenerationParams(max_new_frames=12, min_new_frames=12, seed=STUCK_SEED)
+
+    async def get_stuck(engine: EngineProcess) -> tuple[list[object], float]:
+        started = time.monotonic()
+        stuck = await engine.submit(SynthesisRequest("stuck", SynthesisInput(TEXT, "english", "ryan"), marked))
+        await asyncio.sleep(SHORT_STALL_TIMEOUT_S / 2)
+        answered = await engine.registered_voices("anyone")  # the core's loop runs: only its step is stuck
+        with pytest.raises(EngineCoreLost):
+            await stuck.collect()
+        ended_s = time.monotonic() - started
+        await engine.wait_exited()
+        await asyncio.wait_for(engine.stop(), NOTICE_MARGIN_S)  # it was killed: a core stuck in a step would not end
+        assert not engine.is_alive
+        return answered, ended_s
+
+    answered, ended_s = with_core(tiny_checkpoints["custom_voice"], get_stuck, stall_timeout_s=SHORT_STALL_TIMEOUT_S)
+    assert answered == []
+    assert ended_s < SHORT_STALL_TIMEOUT_S + NOTICE_MARGIN_S
+
+
+def test_an_idle_core_and_a_request_that_outlasts_the_stall_timeout_are_not_taken_for_stalled(
+        tiny_checkpoints: dict[str, Path]) -> None:
+    async def idle_then_slow_reader(engine: EngineProcess) -> SynthesisSummary:
+        await asyncio.sleep(2 * SHORT_STALL_TIMEOUT_S)  # nothing held: the silence between beats is no stall
+        params = GenerationParams(max_new_frames=60, min_new_frames=60)
+        stream = await engine.submit(SynthesisRequest("slow", SynthesisInput(TEXT, "english", "ryan"), params))
+        await anext(stream)
+        # Held all along: stepping, then parked or finished while its reader waits.
+        await asyncio.sleep(1.5 * SHORT_STALL_TIMEOUT_S)
+        _, summary = await stream.collect()
+        assert engine.is_running
+        return summary
+
+    summary = with_core(tiny_checkpoints["custom_voice"], idle_then_slow_reader, stall_timeout_s=SHORT_STALL_TIMEOUT_S)
+    assert summary.finish_reason is FinishReason.LENGTH
 
 
 def test_a_reader_that_falls_behind_pauses_its_request_in_the_core_until_it_reads_again(

@@ -1,9 +1,10 @@
 """Faults: a client gone mid-stream, deadlines at every stage, one request failing among others, SIGTERM
-with streams in flight, and a server started on a broken checkpoint."""
+with streams in flight, an engine core killed or stopped, and a server started on a broken checkpoint."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -30,6 +31,9 @@ LONG = Generation(temperature=0.0, max_audio_seconds=4.0)  # 50 frames: several 
 LONGEST = Generation(temperature=0.0, max_audio_seconds=12.0)
 SHORT = Generation(temperature=0.0, max_audio_seconds=0.24)
 FAILING_SEED = 666  # the seed that marks the request whose step input the fault breaks
+# Short for a test, and still above the warm-up's first step on a busy CPU, which pays one-time costs (about 1 s).
+STALL_TIMEOUT_S = 3.0
+NOTICE_MARGIN_S = 5.0  # for the server to notice, kill and answer on a busy machine, beyond the timeout itself
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +189,17 @@ def engine_core_pid(server_pid: int) -> int:
     return cores[0]
 
 
-def test_the_engine_core_dying_mid_stream_ends_calls_with_an_error_says_not_serving_and_exits_1(
+def status_of(responses: Iterator[Any]) -> grpc.StatusCode:
+    """How a call ends: OK, or the status of the error it ends with."""
+    try:
+        for _ in responses:
+            pass
+    except grpc.RpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+def test_the_engine_core_dying_mid_stream_ends_calls_unavailable_says_not_serving_and_exits_1(
         tmp_path: Path) -> None:
     with server_process(tmp_path, "--max-audio-seconds", "12.0", "--log-format", "text") as server:
         with TtsClient(Connection(target=server.target)) as client:
@@ -194,13 +208,38 @@ def test_the_engine_core_dying_mid_stream_ends_calls_with_an_error_says_not_serv
             responses = client.synthesize_online("Talk for a while, please.", RYAN, generation=LONGEST)
             next(responses)
             os.kill(engine_core_pid(server.process.pid), signal.SIGKILL)
-            with pytest.raises(grpc.RpcError) as ended:
-                for _ in responses:
-                    pass
-            assert ended.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)
+            assert status_of(responses) is grpc.StatusCode.UNAVAILABLE  # retryable: the request did nothing wrong
             assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
         assert server.process.wait(timeout=60) == 1
     assert "the engine stopped unexpectedly" in server.log_text()
+
+
+def test_a_stopped_engine_core_ends_held_and_new_calls_unavailable_within_the_stall_timeout_and_exits_1(
+        tmp_path: Path) -> None:
+    with server_process(tmp_path, "--max-audio-seconds", "12.0", "--log-format", "text",
+                        "--engine-stall-timeout-seconds", str(STALL_TIMEOUT_S)) as server:
+        core_pid = engine_core_pid(server.process.pid)
+        try:
+            with TtsClient(Connection(target=server.target)) as client:
+                watch = health_pb2_grpc.HealthStub(client.channel).Watch(health_pb2.HealthCheckRequest(), timeout=60)
+                assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+                held = [client.synthesize_online("Talk for a while, please.", RYAN, generation=LONGEST)
+                        for _ in range(3)]
+                for responses in held:
+                    next(responses)
+                os.kill(core_pid, signal.SIGSTOP)
+                stopped_at = time.monotonic()
+                with pytest.raises(grpc.RpcError) as refused:
+                    client.synthesize("A call after the stop.", RYAN, generation=SHORT, timeout=30)
+                assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+                assert [status_of(responses) for responses in held] == [grpc.StatusCode.UNAVAILABLE] * 3
+                assert time.monotonic() - stopped_at < STALL_TIMEOUT_S + NOTICE_MARGIN_S
+                assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert server.process.wait(timeout=60) == 1
+        finally:  # the server kills the stopped core; a test that fails before it must not leave it behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(core_pid, signal.SIGKILL)
+    assert f"made no progress for {STALL_TIMEOUT_S:g} s (--engine-stall-timeout-seconds)" in server.log_text()
 
 
 def broken_checkpoints(source: Path, root: Path) -> dict[str, tuple[Path, str]]:

@@ -98,6 +98,11 @@ class ServerConfig:
     tls_client_ca: Path | None = None  # set: clients must present a certificate it signed (mTLS)
     api_keys: frozenset[str] = field(default=frozenset(), repr=False)
     drain_timeout_seconds: float = 30.0
+    # With the engine core in its own process: how long it may make no progress (no message from it, or one step
+    # that never ends) while it holds requests or calls, before the server kills it, fails its calls with
+    # UNAVAILABLE and exits with status 1. Its load and graph capture come before, and a voice clone's encoding
+    # runs beside its loop, so neither counts; the first step of a shape never seen may compile kernels.
+    engine_stall_timeout_seconds: float = 30.0
     # How long a thread may hold the GIL while another waits for it (Python's default is 5 ms), in the server's
     # process and the engine core's. The runner's thread gives the GIL up around every graph launch and device
     # wait and must win it back from its process's event loop.
@@ -137,6 +142,8 @@ class ServerConfig:
                  f"must be >= 0, got {self.model_download_timeout_seconds}")
         _require(self.drain_timeout_seconds >= 0, "drain_timeout_seconds",
                  f"must be >= 0, got {self.drain_timeout_seconds}")
+        _require(self.engine_stall_timeout_seconds > 0, "engine_stall_timeout_seconds",
+                 f"must be > 0, got {self.engine_stall_timeout_seconds}")
         _require(self.codec_dtype in CODEC_DTYPES, "codec_dtype",
                  f"must be one of {', '.join(CODEC_DTYPES)}, got {self.codec_dtype!r}")
         _require(self.codec_convolution_dtype in CODEC_CONVOLUTION_DTYPES, "codec_convolution_dtype",
@@ -276,6 +283,9 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add("tls-client-ca", Path, "PEM CA bundle; clients must present a certificate it signed (mTLS)")
     add("api-keys-file", Path, f"file of accepted API keys, one per line, # comments (or env {API_KEYS_ENV})")
     add("drain-timeout-seconds", float, "on SIGTERM/SIGINT, how long running calls may take to finish")
+    add("engine-stall-timeout-seconds", float, "how long the engine core's process may make no progress while it "
+                                               "holds work before the server kills it, ends its calls with "
+                                               "UNAVAILABLE and exits with status 1 (default 30)")
     add("gil-switch-interval-ms", float, "longest a thread holds the GIL while another waits for it (Python's "
                                          "sys.setswitchinterval); shorter lets the engine's thread win it back from "
                                          "the event loop sooner under load")

@@ -15,6 +15,7 @@ from grpc_status import rpc_status
 from tts_service.audio.output import AudioFormatError
 from tts_service.audio.reference import ReferenceAudioError
 from tts_service.engine import (
+    EngineCoreLost,
     EngineStoppedError,
     PromptError,
     QueueFullError,
@@ -70,6 +71,8 @@ def api_error_for(error: Exception) -> ApiError | None:
         return ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
     if isinstance(error, EngineStoppedError):
         return ApiError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry")
+    if isinstance(error, EngineCoreLost):  # before RequestFailed, which it is: the request itself did not fail
+        return ApiError(grpc.StatusCode.UNAVAILABLE, "the server lost its engine during the request; retry")
     if isinstance(error, RequestFailed):
         return ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
     return None

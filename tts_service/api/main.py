@@ -66,7 +66,7 @@ async def start_engine(config: ServerConfig) -> Engine | EngineProcess:
     from tts_service.engine import CoreSpec, EngineProcess
 
     spec = CoreSpec(config.model, resolve_device(config.device), config.engine_config(), config.log_level,
-                    config.log_format, config.gil_switch_interval_ms / 1000)
+                    config.log_format, config.gil_switch_interval_ms / 1000, config.engine_stall_timeout_seconds)
     return await EngineProcess.start(spec)
 
 

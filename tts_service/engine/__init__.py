@@ -23,6 +23,7 @@ _EXPORTS = {
     "Engine": "tts_service.engine.engine",
     "EngineConfig": "tts_service.engine.config",
     "EngineCoreExited": "tts_service.engine.engine_process",
+    "EngineCoreLost": "tts_service.engine.engine_process",
     "EngineDoor": "tts_service.engine.door",
     "EngineOccupancy": "tts_service.engine.engine",
     "EngineProcess": "tts_service.engine.engine_process",
@@ -56,6 +57,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineCoreExited",
+    "EngineCoreLost",
     "EngineDoor",
     "EngineOccupancy",
     "EngineProcess",
@@ -89,7 +91,7 @@ if TYPE_CHECKING:
     from tts_service.engine.core_process import CoreSpec
     from tts_service.engine.door import EngineDoor
     from tts_service.engine.engine import Engine, EngineOccupancy, EngineStats, EngineStoppedError
-    from tts_service.engine.engine_process import EngineCoreExited, EngineProcess
+    from tts_service.engine.engine_process import EngineCoreExited, EngineCoreLost, EngineProcess
     from tts_service.engine.model_info import ModelInfo
     from tts_service.engine.streams import (
         AudioChunk,

@@ -6,7 +6,9 @@ host time off every step, and the service's ceiling over gRPC rose from about 15
 (BENCHMARKS.md). The server's process starts this one
 with `start_core` (engine_process.py); what crosses between them is in wire.py.
 
-The core ends when the server says Stop, or when its socket closes because the server's process has gone.
+The core ends when the server says Stop, or when its socket closes because the server's process has gone. It
+beats (an empty Batch) a few times within the server's stall timeout, so that the server can tell a core that
+is silent because it has stopped from one with nothing to say.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from observability.gc_pauses import freeze_startup_objects, watch_pauses
 from observability.logs import configure_logging
 from observability.metrics import StepObservation
 from tts_service.engine.config import EngineConfig
-from tts_service.engine.engine import Engine, EngineOccupancy
+from tts_service.engine.engine import Engine
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.voice_files import RegisteredVoice
 from tts_service.engine.wire import (
@@ -48,6 +50,9 @@ from tts_service.model.prompts import VoiceClone
 
 logger = logging.getLogger(__name__)
 
+# Beats within the server's stall timeout: one late beat, or two, never reads as a stall.
+_BEATS_PER_STALL_TIMEOUT = 4
+
 
 @dataclass(frozen=True)
 class CoreSpec:
@@ -59,6 +64,8 @@ class CoreSpec:
     log_level: str
     log_format: str
     gil_switch_interval_s: float
+    # How long the server waits for progress from the core while it holds requests or calls for it.
+    stall_timeout_s: float
 
 
 def run_core(spec: CoreSpec, channel: socket.socket) -> None:
@@ -91,7 +98,7 @@ class Outbox:
         self._writer = writer
         self._batch = Batch()
         self._is_flush_scheduled = False
-        self.occupancy: Callable[[], EngineOccupancy] | None = None
+        self.engine: Engine | None = None  # once loaded: its occupancy and runner call go out with every batch
 
     def item(self, item: StreamItem) -> None:
         self._batch.items.append(item)
@@ -113,10 +120,20 @@ class Outbox:
     def flush(self) -> None:
         self._is_flush_scheduled = False
         batch = self._batch
-        if not (batch.items or batch.replies or batch.steps):
-            return
-        occupancy = self.occupancy() if self.occupancy is not None else None
-        send(self._writer, replace(self._batch, occupancy=occupancy))
+        if batch.items or batch.replies or batch.steps:
+            self._send()
+
+    async def beat_every(self, interval_s: float) -> None:
+        """Send a batch, empty or not, every `interval_s`: the server takes a core's silence for a stall."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self._send()
+
+    def _send(self) -> None:
+        batch, engine = self._batch, self.engine
+        if engine is not None:
+            batch = replace(batch, occupancy=engine.occupancy(), runner_call_since=engine.runner_call_since)
+        send(self._writer, batch)
         self._batch = Batch()
 
 
@@ -224,7 +241,7 @@ async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
         await writer.drain()
         writer.close()
         return
-    outbox.occupancy = engine.occupancy
+    outbox.engine = engine
     engine.add_step_observer(outbox.step)
     logger.info("the engine core froze %d start-up objects out of the garbage collector's walks",
                 freeze_startup_objects())
@@ -232,11 +249,13 @@ async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
     engine.start()
     send(writer, Ready(engine.model_info, engine.captured_graph_batch_sizes(), engine.max_unread_frames,
                        engine.occupancy()))
+    beating = asyncio.ensure_future(outbox.beat_every(spec.stall_timeout_s / _BEATS_PER_STALL_TIMEOUT))
     receiving = asyncio.ensure_future(_receive_until_stop(reader, CoreBridge(engine, outbox)))
     stepping = asyncio.ensure_future(engine.join())
     try:
         await asyncio.wait((receiving, stepping), return_when=asyncio.FIRST_COMPLETED)
     finally:
+        beating.cancel()
         receiving.cancel()
         with contextlib.suppress(Exception):  # a loop that failed has logged why; its requests end below all the same
             await engine.stop()  # what is still live ends with an error, which goes out in the last batch

@@ -206,6 +206,9 @@ class Engine:
         self._voice_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-store")
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False
+        # On the engine's clock, when the runner's thread took up the call the loop now waits for; None between
+        # calls. A call that never returns is a stuck step: the engine core reports this to the server's watchdog.
+        self.runner_call_since: float | None = None
         self._audio_out: _AudioOut | None = None  # the last step's audio, handed out during the next step
         self.stats = EngineStats()
         # Called once per step on the loop with host-side numbers only (metrics); never syncs the device.
@@ -514,10 +517,10 @@ class Engine:
         work = self._plan(output)
         planned = time.perf_counter()
         if self._may_schedule_after(work):
-            frames = await loop.run_in_executor(self._executor, start_frames, self.runner, work)
+            frames = await self._in_runner(start_frames, self.runner, work)
             return _StepInFlight(output, work, frames, scheduled - started, planned - scheduled,
                                  time.perf_counter() - planned)
-        done = await loop.run_in_executor(self._executor, run_step, self.runner, work, self._hand_out_previous(loop))
+        done = await self._in_runner(run_step, self.runner, work, self._hand_out_previous(loop))
         self._answer(output, done, started, scheduled - started, planned - scheduled, planned)
         return None
 
@@ -532,8 +535,8 @@ class Engine:
         scheduled = time.perf_counter()
         work = None if output is None or output.is_empty else self._plan(output)
         planned = time.perf_counter()
-        done, frames = await loop.run_in_executor(self._executor, finish_step, self.runner, step.work, step.frames,
-                                                  self._hand_out_previous(loop), work)
+        done, frames = await self._in_runner(finish_step, self.runner, step.work, step.frames,
+                                             self._hand_out_previous(loop), work)
         launch_s, done.launch_s = done.launch_s, step.launch_s
         self._answer(step.output, done, started, step.schedule_s, step.plan_s, planned)
         if output is None or work is None:
@@ -577,7 +580,7 @@ class Engine:
         """With no step to run, the last step's audio is collected on its own."""
         last, self._audio_out = self._audio_out, None
         assert last is not None
-        done = await asyncio.get_running_loop().run_in_executor(self._executor, last.audio.collect)
+        done = await self._in_runner(last.audio.collect)
         self._deliver_audio(last, done)
 
     def _count(self, output: SchedulerOutput, execute_s: float, loop_s: float,
@@ -590,6 +593,13 @@ class Engine:
         self.stats.record(step, execute_s)
         for observer in self._step_observers:
             observer(step)
+
+    async def _in_runner(self, function: Callable[..., T], *args: object) -> T:
+        self.runner_call_since = self.clock()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+        finally:
+            self.runner_call_since = None
 
     async def _sleep_until_work(self) -> None:
         deadline = self.scheduler.next_deadline()

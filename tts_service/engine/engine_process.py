@@ -4,8 +4,13 @@
 observers) and forwards each call to the core (core_process.py) over a socket pair (wire.py). Request
 streams live here: the core sends their audio as it is made, and a stream's reader, here, decides when
 its request must pause. If the core's process exits without being asked to, every live stream fails
-(RequestFailed: the server answers INTERNAL), every waiting call raises EngineStoppedError (UNAVAILABLE),
-and `wait_exited()` returns, so the server can stop serving.
+(EngineCoreLost: the server answers UNAVAILABLE, for the client to retry elsewhere), every waiting call raises
+EngineStoppedError (UNAVAILABLE), and `wait_exited()` returns, so the server can stop serving.
+
+A core can also stop without exiting (SIGSTOP, a step that never returns). While this process holds requests or
+calls for the core, it expects progress within the stall timeout: a message from the core (it beats even when it
+has nothing to say), and no runner call that has lasted that long. A core that makes none is killed, and what it
+held ends as if it had exited.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from scheduler.request import FinishReason
 from tts_service.engine.core_process import CoreSpec, run_core
 from tts_service.engine.engine import EngineOccupancy, EngineStats, EngineStoppedError
 from tts_service.engine.model_info import ModelInfo
-from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.engine.streams import AudioChunk, RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.voice_files import RegisteredVoice
 from tts_service.engine.warm_up import warm_up
 from tts_service.engine.wire import Batch, Call, LoadFailed, Notice, Ready, Reply, Stop, receive, send
@@ -49,6 +54,49 @@ class EngineCoreExited(RuntimeError):
     """The engine core's process ended while the server still needed it."""
 
 
+class EngineCoreLost(RequestFailed):
+    """The engine core went (it exited, was stopped, or was killed for a stall) with the request still in it: the
+    request did nothing wrong, and another try, on a server whose engine runs, may well succeed."""
+
+
+class _ProgressWatch:
+    """Calls `on_stall` once the core has made no progress for `bound_s` while `holds_work()` says it owes something.
+
+    No timer runs while nothing is owed: `watch()` is called whenever work is handed over, and the check re-arms
+    itself for as long as work is held."""
+
+    def __init__(self, bound_s: float, clock: Callable[[], float], holds_work: Callable[[], bool],
+                 on_stall: Callable[[], None]) -> None:
+        self.bound_s = bound_s
+        self._clock = clock
+        self._holds_work = holds_work
+        self._on_stall = on_stall
+        self._last_progress = clock()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def progressed(self, at: float) -> None:
+        self._last_progress = at
+
+    def watch(self) -> None:
+        if self._timer is None:
+            delay_s = self._last_progress + self.bound_s - self._clock()
+            self._timer = asyncio.get_running_loop().call_later(delay_s, self._check)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self._holds_work():
+            return
+        if self._clock() - self._last_progress >= self.bound_s:
+            self._on_stall()
+        else:
+            self.watch()
+
+
 class _Pending:
     """A stream the core is filling: how many frames have arrived (for the summary if the core dies)."""
 
@@ -62,7 +110,8 @@ class EngineProcess:
     """The engine core in its own process, behind the engine's door."""
 
     def __init__(self, process: multiprocessing.process.BaseProcess, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter, ready: Ready, clock: Callable[[], float] = time.monotonic) -> None:
+                 writer: asyncio.StreamWriter, ready: Ready, stall_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._process = process
         self._writer = writer
         self.model_info: ModelInfo = ready.model_info
@@ -77,6 +126,8 @@ class EngineProcess:
         self.stats = EngineStats()  # from the core's step observations: its runner's own time is not among them
         self._is_stopping = False
         self._exited = asyncio.Event()
+        # From Ready on: the start-up's loading and graph capture are behind it.
+        self._watch = _ProgressWatch(stall_timeout_s, clock, self._holds_work, self._on_stall)
         self._receiving = asyncio.get_running_loop().create_task(self._receive(reader), name="tts-engine-core")
 
     @classmethod
@@ -104,7 +155,7 @@ class EngineProcess:
             raise
         if isinstance(first, Ready):
             logger.info("the engine core runs in process %d", process.pid)
-            return cls(process, reader, writer, first)
+            return cls(process, reader, writer, first, spec.stall_timeout_s)
         writer.close()
         await asyncio.to_thread(process.join, _EXIT_GRACE_S)
         if isinstance(first, LoadFailed):
@@ -222,6 +273,7 @@ class EngineProcess:
         """Stop the core (its live requests end with an error: drain first) and wait for its process."""
         if not self._exited.is_set() and not self._is_stopping:
             self._is_stopping = True
+            self._watch.stop()  # the core's own way out has a limit of its own, below
             with contextlib.suppress(ConnectionError):
                 send(self._writer, Stop())
                 await self._writer.drain()
@@ -248,6 +300,7 @@ class EngineProcess:
         self._replies[call_id] = reply
         reply.add_done_callback(lambda _: self._replies.pop(call_id, None))
         send(self._writer, Call(call_id, method, args))
+        self._watch.watch()
         return reply
 
     # -- what the core sends ------------------------------------------------------------------------
@@ -264,6 +317,9 @@ class EngineProcess:
             self._on_exit()
 
     def _apply(self, batch: Batch) -> None:
+        # A core whose loop runs but whose step never ends sends batches all the same: it progressed only up to the
+        # runner call it still waits for.
+        self._watch.progressed(self.clock() if batch.runner_call_since is None else batch.runner_call_since)
         if batch.occupancy is not None:
             self._occupancy = batch.occupancy
         for reply in batch.replies:
@@ -296,14 +352,34 @@ class EngineProcess:
         else:
             future.set_result(reply.value)
 
+    def _holds_work(self) -> bool:
+        return bool(self._streams or self._replies)
+
     def _on_exit(self) -> None:
         """The socket closed: the core has gone. What it still owed fails here."""
-        was_asked = self._is_stopping
+        if self._exited.is_set():  # killed for a stall, which failed it all already
+            return
+        if self._is_stopping:
+            self._fail_everything("the engine stopped")
+            return
+        logger.error("the engine core's process exited: %d live request(s) fail", len(self._streams))
+        self._fail_everything("the engine core's process exited")
+
+    def _on_stall(self) -> None:
+        """A core stopped, or stuck in a step, does not come back by itself: it is killed, and what it held fails
+        at once rather than when each call's deadline passes."""
+        bound_s = self._watch.bound_s
+        logger.error("the engine core (process %s) made no progress for %g s (--engine-stall-timeout-seconds) "
+                     "while it held %d live request(s) and %d call(s): killing it", self.pid, bound_s,
+                     len(self._streams), len(self._replies))
+        self._process.kill()
+        self._fail_everything(f"the engine core made no progress for {bound_s:g} s")
+
+    def _fail_everything(self, reason: str) -> None:
+        """Every waiting call and live stream ends; the socket closes, which ends the receiving task."""
         self._exited.set()
+        self._watch.stop()
         self._writer.close()
-        reason = "the engine stopped" if was_asked else "the engine core's process exited"
-        if not was_asked:
-            logger.error("%s: %d live request(s) fail", reason, len(self._streams))
         for future in self._replies.values():
             if not future.done():
                 future.set_exception(EngineStoppedError(reason))
@@ -311,7 +387,7 @@ class EngineProcess:
         for request_id, pending in self._streams.items():
             timeline = RequestTimeline(arrival=pending.arrival_time, admitted=None, first_frame=None,
                                        first_audio=None, finished=now)
-            pending.stream.finish(SynthesisSummary(
+            pending.stream.fail(EngineCoreLost(SynthesisSummary(
                 request_id=request_id, finish_reason=FinishReason.ERROR, num_frames=pending.num_frames,
-                num_text_tokens=0, codes=_NO_CODES, timeline=timeline, error=reason))
+                num_text_tokens=0, codes=_NO_CODES, timeline=timeline, error=reason)))
         self._streams.clear()

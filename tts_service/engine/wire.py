@@ -3,7 +3,8 @@
 One Unix socket pair joins them. Each message is a length-prefixed pickle (protocol 5, so audio arrays go
 as raw bytes); both ends are processes this package started, so the pickles are trusted. The messages are
 small frozen dataclasses. The core batches what it sends: one message per turn of its event loop carries
-every stream's new audio and every step's observation since the last one.
+every stream's new audio and every step's observation since the last one. It also sends a Batch, empty or
+not, at a fixed interval: the heartbeat by which the server tells a core that has stopped or stalled.
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ class Batch:
     replies: list[Reply] = field(default_factory=list)
     steps: list[StepObservation] = field(default_factory=list)
     occupancy: EngineOccupancy | None = None
+    # On the host's monotonic clock, when the runner's thread took up the call that the engine's loop still waits
+    # for as this batch goes out; None when it waits for none. A core whose event loop runs on while its step
+    # never ends has made no progress since then.
+    runner_call_since: float | None = None
 
 
 def portable(error: BaseException) -> BaseException:
