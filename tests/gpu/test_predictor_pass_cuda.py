@@ -36,7 +36,7 @@ def test_one_call_is_as_close_to_fp32_as_the_layer_chain_at_the_real_shapes() ->
     with torch.inference_mode():
         agreements = torch.cat([assert_one_call_as_close_to_fp32_as_the_chain(talker, batch) for batch in (1, 2)])
     # Random weights leave near ties, where bf16's rounding can flip the pick (the chain and an fp32 chain disagree
-    # there too): 2 of 112 picks differed in the first checks (BENCHMARKS.md, session 17).
+    # there too): 2 of 112 picks differed in the first checks (BENCHMARKS.md at 927abc4).
     assert agreements.float().mean() >= 0.9
 
 

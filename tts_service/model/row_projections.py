@@ -17,7 +17,7 @@ dependents: a projection's programs start while the kernel before finishes and l
 depend on no kernel, before they wait for its outputs. Rounding follows the eager chain (the norm kernel's, then
 each projection's output, SiLU's output); only the order of the fp32 sums differs, as cuBLAS's choice of kernel
 makes it differ. On an H100 a 1.7B talker layer's four calls take 46 us at one row against the chain's 54, and the
-1.7B frame 4.35 ms against 4.65 (BENCHMARKS.md, session 19).
+1.7B frame 4.35 ms against 4.65 (BENCHMARKS.md at 9d30722).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Tiling:
     num_warps: int
 
 
-# The fastest of sweeps on an H100 at both talkers' shapes (BENCHMARKS.md, session 19), by kind and rows: four rows
+# The fastest of sweeps on an H100 at both talkers' shapes (BENCHMARKS.md at 9d30722), by kind and rows: four rows
 # of W a program and the whole input width a step where it fits (every weight load then leaves before the norm's
 # pass over the input); gate/up at a 1024-wide input (0.6B, and every code predictor) its own.
 _TILINGS = {("normed", 1): Tiling(4, 2048, 8), ("normed", 2): Tiling(4, 2048, 4),

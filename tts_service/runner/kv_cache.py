@@ -232,7 +232,7 @@ if HAS_TRITON:
                      DOT_PRECISION: tl.constexpr, AHEAD: tl.constexpr):
         """One tile into the online softmax; the row's new key and value stand in for its slot's old contents.
         With AHEAD the tile's keys and values were loaded already; else each loads here, the values after the
-        keys are in hand (loading both first made 256 rows 3.5% slower: BENCHMARKS.md, session 20)."""
+        keys are in hand (loading both first made 256 rows 3.5% slower: BENCHMARKS.md at 2dbe081)."""
         is_new = (tokens == position)[:, None]
         keys = keys_ahead if AHEAD else tl.load(key_cache_ptr + addresses, mask=valid[:, None], other=0.0)
         keys = tl.where(is_new, new_key[None, :], keys)
@@ -301,7 +301,7 @@ if HAS_TRITON:
         query = tl.load(query_rows + dims[None, :], mask=head_valid[:, None], other=0.0)
         if not FIRST_TILE_AHEAD:
             # Worked out after the loads, as this kernel always did: the only difference left from 36d0d5a's kernel
-            # when 256 rows ran 0.9% slower than with it (BENCHMARKS.md, session 20, call 6).
+            # when 256 rows ran 0.9% slower than with it (BENCHMARKS.md at 2dbe081).
             context, first_tile, last_tile = _split_tiles(position, split, max_blocks, BLOCK_SIZE, TILE, NUM_SPLITS)
             table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
 
@@ -536,7 +536,7 @@ class PagedDecodeBackend:
         # A decode step's metadata is uploaded, and the positions it holds written, before the step's first
         # kernel, an ordinary launch that every later one follows: the kernel may read them while the one before
         # it finishes. At one row only: there a frame took 0.09-0.10 ms less, at two rows 0.09 less at 0.6B but
-        # 0.05 more at 1.7B (BENCHMARKS.md, session 20).
+        # 0.05 more at 1.7B (BENCHMARKS.md at 2dbe081).
         self.launches_early = self.use_triton and launches_early(cache.device)
         self._num_sms = (torch.cuda.get_device_properties(cache.device).multi_processor_count
                          if self.use_triton else 0)

@@ -12,7 +12,7 @@ is (its 8 warps take up to 250 registers a thread, which leaves no room for a se
 percentage does, would leave some programs waiting for an SM that never frees: the kernel is not for such a
 share.) A program's tiles in a phase are few (one to four), so each round trip to memory it waits out shows:
 within a phase it loads each tile's weights before it reduces the tile before, and at one row it keeps two chunks
-in flight. The call takes about 125 us at one row (BENCHMARKS.md, sessions 17, 18 and 20), a quarter of it in its
+in flight. The call takes about 125 us at one row (BENCHMARKS.md at 927abc4, b1e759d, 2dbe081), a quarter of it in its
 barriers (about 1.2 us each: 26 a call, 25 where the predictor is as wide as the talker).
 
 Rounding follows the eager chain as the other fused kernels do: each tensor the eager chain writes is rounded to
@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     triton = None
 
 # The most rows (streams times tokens: a frame's first call holds two a stream) the engine hands the kernel (it
-# computes up to MAX_ROWS correctly). Measured on an H100 (BENCHMARKS.md, session 17, call 8), codebooks 2-15 at
+# computes up to MAX_ROWS correctly). Measured on an H100 (BENCHMARKS.md at 927abc4), codebooks 2-15 at
 # 1.7B: 2.07 ms against the layer chain's 2.84 at one row, 2.55 against 2.85 at two, but 3.84 against 2.87 at four,
 # where each row's reductions add up and the chain's projections are no longer starved of work. More rows keep
 # the chain.
@@ -148,7 +148,7 @@ class PredictorPass:
         # At one row a tile reduces quickly and the memory's round trips show: each program holds two chunks in
         # flight outside gate/up (a quarter off o's phase, 1.7B codebooks 2-15 about 4% faster). At two rows the
         # reductions hide one round trip and the second chunk's registers cost more than it saves (about 5% slower
-        # at 1.7B): BENCHMARKS.md, session 18.
+        # at 1.7B): BENCHMARKS.md at b1e759d.
         _predictor_pass_kernel[(self.num_programs,)](
             inputs, projection.weight if projection is not None else inputs,
             projection.bias if projection is not None else inputs,
@@ -217,7 +217,7 @@ if triton is not None:
     @triton.jit
     def _wait(arrivals_ptr, target, ON_GPU: tl.constexpr):
         """Wait until `target` arrivals are counted. Thread 0 alone polls, the CTA's other threads wait at its
-        barrier: every warp polling the one address took a barrier 1.9 us against 1.2 (BENCHMARKS.md, session 20).
+        barrier: every warp polling the one address took a barrier 1.9 us against 1.2 (BENCHMARKS.md at 2dbe081).
         The poll is a volatile load, not an acquire (which also invalidates the SM's L1 each time round, measured
         slower): what orders the reads of other programs' writes after it is that each is issued only once the
         poll's value has decided the branch and the CTA's barrier, and reads through L2 (`.cg`), where the writes
@@ -354,8 +354,8 @@ if triton is not None:
                        TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
         """SiLU(gate) * up for this program's intermediate rows, rounded as the eager chain rounds each; `first`
         holds the first tile's gate chunk, and each tile's up chunk and the next tile's gate chunk load before it
-        is reduced (two in flight: holding the next tile's up rows as well measured slower, BENCHMARKS.md, session
-        18)."""
+        is reduced (two in flight: holding the next tile's up rows as well measured slower, BENCHMARKS.md at
+        b1e759d)."""
         dtype = hidden_ptr.dtype.element_ty
         gate_chunk = first
         for tile in range(program, INTERMEDIATE // TILE_ROWS, num_programs):

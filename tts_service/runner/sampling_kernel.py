@@ -142,7 +142,7 @@ def sample_codebook0(logits: torch.Tensor, slots: torch.Tensor, frame_index: tor
         draws=torch.empty(batch, num_groups - 1, dtype=torch.int64, device=device))
     block = triton.next_power_of_2(vocab)
     # 16 warps at codebook 0's 3072 ids: 17.2 us a launch against 18.6 with 8 (4.0 against 5.2 greedy) on an H100,
-    # at one and 64 rows, the same draws (BENCHMARKS.md, session 21, call 5).
+    # at one and 64 rows, the same draws (commit e8f6eb5).
     num_warps = 16 if block >= 4096 else 8 if block >= 2048 else 4
     _codebook0_kernel[(batch,)](
         logits, slots, frame_index, state.temperature, state.top_k, state.top_p, state.predictor_temperature,
@@ -199,7 +199,7 @@ if HAS_TRITON:
         (each at most the block, under 2**21) share one int64 sum, one block-wide reduction where a bit a step
         takes two. The counts fall as the candidate rises, so the bits taken are how many of the three reach k.
         On an H100 a 2048-token row took 10.6 us against 11.3 a bit a step, a 3072-token one 16.8 against 16.1 (the
-        packing's int64 work grows with the row): BENCHMARKS.md, session 20."""
+        packing's int64 work grows with the row): BENCHMARKS.md at 2dbe081."""
         kth = tl.zeros((), dtype=tl.int64)
         for shift in tl.static_range(30, -1, -2):
             packed = ((keys >= kth + (1 << shift)).to(tl.int64)
