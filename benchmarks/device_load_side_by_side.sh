@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# gRPC load of several commits side by side on one GPU machine: each tree's server on random 1.7B CustomVoice
+# weights, one after the other, driven by this tree's load generator (one definition of underruns for all),
+# open-loop Poisson, mixed calls, 30 s a rate. Each summary lands in $OUT/LABEL/summary.json.
+#     bash benchmarks/device_load_side_by_side.sh LABEL=TREE:RATES [LABEL=TREE:RATES ...]
+# Make each tree here, where git is, and carry it (with .whl) to the GPU machine, e.g.:
+#     mkdir -p .devwork/old && git archive a48a27f | tar -x -C .devwork/old
+set -u
+source benchmarks/device_server.sh  # installs the carried wheels into /tmp/site
+head=$PWD
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv"
+for spec in "$@"; do
+  label=${spec%%=*}; rest=${spec#*=}; tree=$(cd "${rest%%:*}" && pwd); rates=${rest#*:}
+  out=$OUT/$label; mkdir -p "$out"
+  (cd "$tree" && PYTHONPATH="$tree:$tree/proto:/tmp/site" exec python3 -m tts_service --model random:1.7b-custom_voice \
+      --port 50151 --host 127.0.0.1 --max-calls-per-caller 100000 > "$out/server.log" 2>&1) &
+  pid=$!
+  started=$(date +%s)
+  python3 - <<'PY'
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+stub = health_pb2_grpc.HealthStub(grpc.insecure_channel("127.0.0.1:50151"))
+for reply in stub.Watch(health_pb2.HealthCheckRequest(), timeout=300, wait_for_ready=True):
+    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+        break
+PY
+  echo "$label: serving after $(( $(date +%s) - started )) s"
+  for rate in ${rates//,/ }; do
+    python3 -m clients.loadgen --server 127.0.0.1:50151 --rate "$rate" --duration 30 --rpc mixed --seed 1 \
+        --out "$out/lg-$rate.json.gz" | tee -a "$out/loadgen.txt"
+  done
+  kill -TERM $pid; wait $pid; echo "$label server exit $?"
+  python3 - "$out" <<'PY'
+import gzip, json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+summaries = {}
+for path in sorted(out.glob("lg-*.json.gz")):
+    with gzip.open(path, "rt") as file:
+        summaries[path.name.removeprefix("lg-").removesuffix(".json.gz")] = json.load(file)["summary"]
+    path.unlink()
+(out / "summary.json").write_text(json.dumps(summaries, indent=1))
+PY
+  grep -i -E "error|traceback|stall|gc pause" "$out/server.log" | head -20
+  rm -f "$out/server.log"
+done
