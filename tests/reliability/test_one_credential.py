@@ -83,13 +83,13 @@ def _refused_count(metrics: ServiceMetrics, rpc: str, status: str) -> float:
     return value or 0.0
 
 
-def _post_speech(http_port: int, headers: list[tuple[str, str]]) -> tuple[int, dict[str, str]]:
+def _post_speech(http_port: int, headers: list[tuple[str, str]], body: bytes = json.dumps(SPEECH).encode(),
+                 content_type: str = "application/json") -> tuple[int, dict[str, str]]:
     """POST a speech request with exactly these headers (http.client sends a name twice if asked to)."""
     connection = http.client.HTTPConnection("127.0.0.1", http_port, timeout=60)
-    body = json.dumps(SPEECH).encode()
     try:
         connection.putrequest("POST", "/v1/audio/speech")
-        for name, value in [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *headers]:
+        for name, value in [("Content-Type", content_type), ("Content-Length", str(len(body))), *headers]:
             connection.putheader(name, value)
         connection.endheaders(body)
         response = connection.getresponse()
@@ -124,6 +124,15 @@ def test_calls_without_a_valid_key_are_counted_as_unauthenticated_on_both_doors(
         assert _post_speech(http_port, headers)[0] == 401
     assert _refused_count(metrics, "ListVoices", "UNAUTHENTICATED") == grpc_before + 3
     assert _refused_count(metrics, "OpenAISpeech", "UNAUTHENTICATED") == http_before + 2
+
+
+def test_http_bodies_refused_before_they_are_parsed_are_counted_with_their_status(
+        keyed_server: tuple[RunningServer, int, ServiceMetrics]) -> None:
+    _, http_port, metrics = keyed_server
+    before = _refused_count(metrics, "OpenAISpeech", "INVALID_ARGUMENT")
+    assert _post_speech(http_port, [("X-Api-Key", KEY)], content_type="text/plain")[0] == 415
+    assert _post_speech(http_port, [("X-Api-Key", KEY)], body=b"{not json")[0] == 400
+    assert _refused_count(metrics, "OpenAISpeech", "INVALID_ARGUMENT") == before + 2
 
 
 def test_an_http_request_with_two_credentials_is_401_naming_the_rule(

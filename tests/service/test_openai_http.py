@@ -33,6 +33,7 @@ from tts_service.model.checkpoint import LoadedModel
 API_KEY = "test-key-1"
 SAMPLE_RATE = 24000
 SPEECH = {"model": "tts-1", "voice": "ryan", "input": "Hello there."}
+LIMITS = ServerConfig().input_limits
 
 
 @dataclass
@@ -224,18 +225,18 @@ def model_infos(tiny_models: dict[str, LoadedModel]) -> dict[str, ModelInfo]:
 def test_a_voice_design_model_takes_its_voice_description_from_instructions(
         model_infos: dict[str, ModelInfo]) -> None:
     model = model_infos["voice_design"]
-    speech = parse_speech({**SPEECH, "instructions": "a calm, low voice"}, model)
+    speech = parse_speech({**SPEECH, "instructions": "a calm, low voice"}, model, LIMITS)
     assert speech.voice.instruction == "a calm, low voice" and not speech.voice.speaker
     with pytest.raises(ApiError) as refused:
-        parse_speech(SPEECH, model)
+        parse_speech(SPEECH, model, LIMITS)
     assert refused.value.field == "instructions"
 
 
 def test_on_a_base_model_the_voice_names_a_registered_voice(model_infos: dict[str, ModelInfo]) -> None:
-    speech = parse_speech({**SPEECH, "voice": "voice_0123"}, model_infos["base"])
+    speech = parse_speech({**SPEECH, "voice": "voice_0123"}, model_infos["base"], LIMITS)
     assert speech.voice.voice_id == "voice_0123" and not speech.voice.speaker
     with pytest.raises(ApiError) as refused:
-        parse_speech({**SPEECH, "voice": ""}, model_infos["base"])
+        parse_speech({**SPEECH, "voice": ""}, model_infos["base"], LIMITS)
     assert refused.value.field == "voice" and "CreateVoice" in refused.value.message
 
 
@@ -260,7 +261,7 @@ def test_a_voice_registered_over_grpc_speaks_through_the_openai_api(tmp_path: Pa
 
 
 def test_the_defaults_are_openais_mp3_as_audio(model_infos: dict[str, ModelInfo]) -> None:
-    speech = parse_speech(SPEECH, model_infos["custom_voice"])
+    speech = parse_speech(SPEECH, model_infos["custom_voice"], LIMITS)
     assert (speech.response_format, speech.stream_format, speech.voice.speaker) == ("mp3", "audio", "ryan")
 
 

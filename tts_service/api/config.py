@@ -58,6 +58,15 @@ class ServerConfig:
     health_port: int | None = None
     # The OpenAI-compatible HTTP API (/v1/audio/speech, /v1/models) on this port; None: none.
     http_port: int | None = None
+    # The HTTP ports (the OpenAI-compatible API's and /metrics') bound each connection from its accept, before any API
+    # key is checked; the API bounds each request's body.
+    max_http_body_bytes: int = 1024 * 1024  # a speech request's JSON: reference audio never travels over HTTP
+    http_header_timeout_seconds: float = 10.0  # a request head (and a TLS handshake), from its first byte to its end
+    http_body_timeout_seconds: float = 30.0  # a request body, from the end of its head
+    http_keepalive_timeout_seconds: float = 15.0  # the wait for a whole next request head, from opening or a response
+    max_http_connections: int = 1024  # open on one HTTP port
+    # Open on one HTTP port from one client address: a load generator or a proxy on one address counts as one.
+    max_http_connections_per_address: int = 256
     # The engine's settings keep the engine's defaults (EngineConfig), under the names of their flags.
     max_text_chars: int = _ENGINE.max_text_chars  # of text, and of an instruction
     max_reference_text_chars: int = _ENGINE.max_reference_text_chars  # an in-context clone's transcript
@@ -123,6 +132,10 @@ class ServerConfig:
                  "must differ from --port and --metrics-port")
         _require(self.http_port is None or self.http_port not in (self.port, self.metrics_port, self.health_port),
                  "http_port", "must differ from --port, --metrics-port and --health-port")
+        for name in ("max_http_body_bytes", "max_http_connections", "max_http_connections_per_address"):
+            _require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("http_header_timeout_seconds", "http_body_timeout_seconds", "http_keepalive_timeout_seconds"):
+            _require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
         for name in ("max_text_chars", "max_reference_text_chars", "max_concurrent", "max_waiting",
                      "max_message_bytes", "max_reference_audio_bytes", "max_calls_per_caller", "max_waiting_clones",
                      "max_voices", "max_voices_per_caller", "max_voice_bytes"):
@@ -241,6 +254,20 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                             "unset: none (health is always served on --port too)")
     add("http-port", int, "port for the OpenAI-compatible HTTP API (POST /v1/audio/speech, GET /v1/models), with "
                           "the same API keys, limits and TLS as --port; unset: none")
+    add("max-http-body-bytes", int, "largest request body the HTTP API reads; a longer one gets 413 (default 1048576: "
+                                    "1 MiB, far more than a speech request's JSON)")
+    add("http-header-timeout-seconds", float, "on the HTTP ports, longest a request head (or a TLS handshake) may take "
+                                              "from its first byte; then the connection is closed (default 10)")
+    add("http-body-timeout-seconds", float, "longest the HTTP API waits for a request body once its head has arrived; "
+                                            "then 408 and the connection is closed (default 30)")
+    add("http-keepalive-timeout-seconds", float, "on the HTTP ports, longest a connection may wait for its next "
+                                                 "request, from its opening or its last response; then it is closed "
+                                                 "(default 15)")
+    add("max-http-connections", int, "connections open on each HTTP port; one beyond is closed as it is accepted "
+                                     "(default 1024)")
+    add("max-http-connections-per-address", int, "connections open on each HTTP port from one client address (an "
+                                                 "IPv6 client's /64); one beyond is closed as it is accepted "
+                                                 "(default 256)")
     add("max-text-chars", int, "most characters of text per request (and of an instruction)")
     add("max-reference-text-chars", int, "most characters of a voice clone's reference transcript")
     add("max-concurrent", int, "requests generating at once")

@@ -77,7 +77,7 @@ def generation_params(message: Any, config: ServerConfig, model: ModelInfo) -> G
 
 
 def check_input_limits(text: str, voice: Any, limits: InputLimits) -> None:
-    """Refuse any field longer than its limit before any work is done with it; the value is never echoed."""
+    """Refuse any field longer than its limit before any work is done with it."""
     for field, value, limit, unit in (
             ("text", text, limits.text_chars, "characters"),
             ("voice.instruction", voice.instruction, limits.instruction_chars, "characters"),
@@ -85,8 +85,13 @@ def check_input_limits(text: str, voice: Any, limits: InputLimits) -> None:
             ("voice.speaker", voice.speaker, limits.speaker_chars, "characters"),
             ("voice.language", voice.language, limits.language_chars, "characters"),
             ("voice.reference_audio", voice.reference_audio, limits.reference_audio_bytes, "bytes")):
-        if len(value) > limit:
-            raise invalid(field, f"is {len(value)} {unit} long; at most {limit} are accepted")
+        check_length(field, value, limit, unit)
+
+
+def check_length(field: str, value: str | bytes, limit: int, unit: str = "characters") -> None:
+    """Refuse a value longer than `limit`, naming the field and the limit; the value is never echoed."""
+    if len(value) > limit:
+        raise invalid(field, f"is {len(value)} {unit} long; at most {limit} are accepted")
 
 
 def non_streaming_text(generation: Any, default: bool) -> bool:

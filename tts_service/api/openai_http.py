@@ -11,6 +11,11 @@ model's id or one of OpenAI's speech model names, so that a client written for O
 WAV, PCM and Opus are sent as the engine produces them. MP3 and FLAC are sent once the audio is
 complete: libsndfile finishes those files by rewriting their start. A client that disconnects
 cancels its handler (aiohttp's handler cancellation), which aborts its request in the engine.
+
+Nothing a client sends is trusted further than the gRPC door trusts it: the body is read within a size and a time
+limit and parsed as strict JSON (`http_body`), every parameter is checked against the same table of limits
+(InputLimits) before it is used, and no answer or log line quotes more of a value than `_MOST_CHARS_QUOTED`.
+The connections themselves are bounded before any request is read (`http_connections`).
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ from aiohttp import web
 
 from observability.calls import CallRecord
 from qwen3_tts.v1.protocol import tts_pb2
-from tts_service.api.config import ServerConfig
+from tts_service.api.config import InputLimits, ServerConfig
 from tts_service.api.errors import ApiError, api_error_for, invalid
+from tts_service.api.http_body import BodyRefused, read_json
 from tts_service.api.interceptors import ServingState
+from tts_service.api.messages import check_length
 from tts_service.audio.output import MODEL_SAMPLE_RATE, AudioEncoding, FileEncoding, OutputFormat, encode_file
 from tts_service.engine import FinishReason, ModelInfo, RequestStream, SynthesisSummary
 
@@ -52,6 +59,9 @@ _FILE_FORMATS = {"mp3": FileEncoding.MP3, "flac": FileEncoding.FLAC}
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "flac": "audio/flac", "wav": "audio/wav",
                  "pcm": "audio/pcm"}
 STREAM_FORMATS = ("audio", "sse")
+# A value a client sent is quoted back up to this length (a format or model name not served); a longer one is
+# described by its length, so that no answer or log line carries it.
+_MOST_CHARS_QUOTED = 32
 # The fields the shared checks name (the gRPC API's), as this API's parameters.
 _PARAMS = {"text": "input", "voice.speaker": "voice", "voice.instruction": "instructions", "voice.voice_id": "voice"}
 _HTTP_STATUSES = {
@@ -62,10 +72,16 @@ _HTTP_STATUSES = {
 # OpenAI's error `type` and `code` for each HTTP status.
 _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
     400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
-    404: ("invalid_request_error", "model_not_found"), 413: ("invalid_request_error", "request_too_large"),
+    404: ("invalid_request_error", "model_not_found"), 408: ("invalid_request_error", "request_timeout"),
+    413: ("invalid_request_error", "request_too_large"), 415: ("invalid_request_error", "unsupported_media_type"),
     429: ("rate_limit_error", "rate_limit_exceeded"), 503: ("server_error", "service_unavailable"),
     504: ("server_error", "timeout"), 500: ("server_error", None),
 }
+# A body refused with these ends its connection: the rest of it is not worth reading.
+_CLOSING_STATUSES = (408, 413)
+# A refused body counted under the gRPC status a gRPC call would have ended with, as every call of this door is.
+_BODY_REFUSAL_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
+                       413: grpc.StatusCode.RESOURCE_EXHAUSTED, 415: grpc.StatusCode.INVALID_ARGUMENT}
 _INTERNAL = ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
 
 
@@ -79,41 +95,63 @@ class SpeechRequest:
 
 def error_response(error: ApiError) -> web.Response:
     """OpenAI's error JSON, the parameter named, with the HTTP status the gRPC code stands for."""
-    status = _HTTP_STATUSES.get(error.code, 500)
     param = _PARAMS.get(error.field, error.field) if error.field is not None else None
     message = error.message
     if error.field is not None and param != error.field:
         message = message.replace(f"{error.field}:", f"{param}:", 1)
-    kind, code = _ERROR_KINDS[status]
-    if status == 404 and param == "voice":
-        code = "voice_not_found"
     headers = {}
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(math.ceil(error.retry_after_s))
+    return _openai_error(_HTTP_STATUSES.get(error.code, 500), message, param, headers)
+
+
+def _openai_error(status: int, message: str, param: str | None, headers: dict[str, str] | None = None,
+                  ) -> web.Response:
+    kind, code = _ERROR_KINDS[status]
+    if status == 404 and param == "voice":
+        code = "voice_not_found"
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return web.json_response(body, status=status, headers=headers)
 
 
-def parse_speech(body: Any, model: ModelInfo) -> SpeechRequest:
-    """The JSON body, checked field by field; every refusal names its parameter."""
+def parse_speech(body: Any, model: ModelInfo, limits: InputLimits) -> SpeechRequest:
+    """The JSON body, checked field by field, each against its limit before it is used; every refusal names its
+    parameter. Parameters this API does not know are ignored, as OpenAI clients send some."""
     if not isinstance(body, dict):
         raise invalid("body", "must be a JSON object")
+    _check_lengths(body, limits)
     requested_model = _string(body, "model", required=True)
     if requested_model not in (model.source, *MODEL_ALIASES):
-        raise ApiError(grpc.StatusCode.NOT_FOUND, f"model: {requested_model!r} is not served here; use "
+        raise ApiError(grpc.StatusCode.NOT_FOUND, f"model: {_quoted(requested_model)} is not served here; use "
                        f"{model.source!r} or one of {', '.join(MODEL_ALIASES)}", field="model")
     response_format = _string(body, "response_format") or "mp3"
     if response_format not in CONTENT_TYPES:
-        raise invalid("response_format", f"{response_format!r} is not supported; use one of "
+        raise invalid("response_format", f"{_quoted(response_format)} is not supported; use one of "
                                          f"{', '.join(CONTENT_TYPES)}")
     stream_format = _string(body, "stream_format") or "audio"
     if stream_format not in STREAM_FORMATS:
-        raise invalid("stream_format", f"{stream_format!r} is not supported; use one of {', '.join(STREAM_FORMATS)}")
+        raise invalid("stream_format", f"{_quoted(stream_format)} is not supported; use one of "
+                                       f"{', '.join(STREAM_FORMATS)}")
     speed = body.get("speed", 1.0)
-    if speed != 1.0 or isinstance(speed, bool):
-        raise invalid("speed", f"only 1.0 is supported (the model speaks at its own pace), got {speed!r}")
+    if isinstance(speed, bool) or not isinstance(speed, int | float):
+        raise invalid("speed", "must be a number")
+    if speed != 1.0:
+        raise invalid("speed", "only 1.0 is supported (the model speaks at its own pace)")
     voice = _voice(body, model, _string(body, "instructions") or "")
     return SpeechRequest(_string(body, "input", required=True), voice, response_format, stream_format)
+
+
+def _check_lengths(body: dict[str, Any], limits: InputLimits) -> None:
+    """The free-text parameters against the gRPC API's limits for the fields they become."""
+    for param, value, limit in (("input", body.get("input"), limits.text_chars),
+                                ("instructions", body.get("instructions"), limits.instruction_chars),
+                                ("voice", _voice_name(body), limits.speaker_chars)):
+        if isinstance(value, str):
+            check_length(param, value, limit)
+
+
+def _quoted(value: str) -> str:
+    return repr(value) if len(value) <= _MOST_CHARS_QUOTED else f"a value of {len(value)} characters"
 
 
 def _string(body: dict[str, Any], name: str, required: bool = False) -> str | None:
@@ -133,9 +171,7 @@ def _voice(body: dict[str, Any], model: ModelInfo, instructions: str) -> Any:
             raise invalid("instructions", "the loaded voice_design model needs a description of the voice here "
                                           "(`voice` is not used)")
         return pb.VoiceSelection(instruction=instructions)
-    voice = body.get("voice")
-    if isinstance(voice, dict):
-        voice = voice.get("id")
+    voice = _voice_name(body)
     if model.model_type == "base":
         # A clone model speaks in a voice registered over gRPC (CreateVoice): reference audio is not sent here.
         if not isinstance(voice, str) or not voice:
@@ -144,6 +180,12 @@ def _voice(body: dict[str, Any], model: ModelInfo, instructions: str) -> Any:
     if not isinstance(voice, str) or not voice:
         raise invalid("voice", f"is required: one of {', '.join(model.speakers)}")
     return pb.VoiceSelection(speaker=voice, instruction=instructions)
+
+
+def _voice_name(body: dict[str, Any]) -> Any:
+    """`voice` as a name, or as OpenAI's {"id": name}; anything else as it is, for the checks to refuse."""
+    voice = body.get("voice")
+    return voice.get("id") if isinstance(voice, dict) else voice
 
 
 def _metadata(request: web.Request) -> list[tuple[str, str]]:
@@ -173,10 +215,11 @@ class OpenAISpeechApi:
     def __init__(self, service: TextToSpeechService, state: ServingState, config: ServerConfig) -> None:
         self._service = service
         self._state = state
+        self._config = config
         self._started = int(time.time())
 
-    def app(self, max_body_bytes: int) -> web.Application:
-        app = web.Application(client_max_size=max_body_bytes)
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self._config.max_http_body_bytes)
         app.router.add_post(SPEECH_ROUTE.partition(" ")[2], self.speech)
         app.router.add_get("/v1/models", self.models)
         return app
@@ -210,9 +253,9 @@ class OpenAISpeechApi:
         if refusal is not None:
             return refusal
         try:
-            body = await self._body(request)
-        except ApiError as error:
-            return error_response(error)
+            body = await read_json(request, self._config.http_body_timeout_seconds)
+        except BodyRefused as refused:
+            return await self._refused_body(request, refused)
         metadata = _metadata(request)
         identity = self._service.credentials.identity(metadata, _peer(request))
         response = web.StreamResponse()
@@ -230,19 +273,24 @@ class OpenAISpeechApi:
             await self._end_broken(request, response, api_error)
         return response
 
-    @staticmethod
-    async def _body(request: web.Request) -> Any:
-        try:
-            return json.loads(await request.read())
-        except web.HTTPRequestEntityTooLarge as error:
-            raise invalid("body", f"is larger than the {error.max_size} bytes accepted") from None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise invalid("body", "is not valid JSON") from None
+    async def _refused_body(self, request: web.Request, refused: BodyRefused) -> web.Response:
+        self._service.count_refusal(SPEECH_RPC, _BODY_REFUSAL_CODES.get(refused.status, grpc.StatusCode.UNKNOWN))
+        response = _openai_error(refused.status, refused.message, refused.param)
+        if refused.status in _CLOSING_STATUSES:
+            response.force_close()
+        if refused.status == 408:
+            # aiohttp would go on reading the rest of the body (its lingering time) before closing: a client too
+            # slow to send its body is not waited for any longer.
+            await response.prepare(request)
+            await response.write_eof()
+            if request.transport is not None:
+                request.transport.close()
+        return response
 
     async def _synthesize(self, request: web.Request, response: web.StreamResponse, body: Any, record: CallRecord,
                           owner: str) -> None:
         service = self._service
-        speech = parse_speech(body, service.engine_or_unavailable().model_info)
+        speech = parse_speech(body, service.engine_or_unavailable().model_info, self._config.input_limits)
         prepared = await service.prepare(record, speech.text, speech.voice, pb.GenerationConfig(), owner)
         # HTTP carries no deadline: the server's limit on a call's life bounds it.
         stream = await service.submit(prepared, record, None, is_text_open=False)

@@ -46,6 +46,7 @@ from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
 from tts_service.api.callers import Credentials
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError, answering_errors
+from tts_service.api.http_connections import ConnectionGuard, ConnectionLimits, bound_http_logs
 from tts_service.api.interceptors import (
     AdmissionInterceptor,
     ApiKeyInterceptor,
@@ -587,6 +588,13 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
                                        root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
+def http_runner(app: web.Application, config: ServerConfig, **options: Any) -> web.AppRunner:
+    """`app`'s runner on an HTTP port: a silent connection closes at the keep-alive timeout, and a compressed body
+    stays as it came (and is refused), since decompressing would run on the event loop to a size unknown before."""
+    return web.AppRunner(app, access_log=None, keepalive_timeout=config.http_keepalive_timeout_seconds,
+                         auto_decompress=False, **options)
+
+
 def http_tls(config: ServerConfig) -> ssl.SSLContext | None:
     """The gRPC port's TLS (and mTLS) for the HTTP API too: its API keys must not cross the network in clear."""
     if config.tls_cert is None or config.tls_key is None:
@@ -664,15 +672,16 @@ class TtsServer:
 
             app = web.Application()
             app.router.add_get("/metrics", scrape)
-            self._metrics_http = web.AppRunner(app, access_log=None)
+            self._metrics_http = http_runner(app, config)
         # The OpenAI-compatible API, on this loop as well, answered by the same servicer. A client that disconnects
         # cancels its handler, which aborts its request in the engine; after a drain, what is left gets the same
         # short grace as gRPC's calls.
         self._openai_http: web.AppRunner | None = None
         if config.http_port is not None:
             api = OpenAISpeechApi(self.service, self.state, config)
-            self._openai_http = web.AppRunner(api.app(config.max_message_bytes), access_log=None,
-                                              handler_cancellation=True, shutdown_timeout=_FLUSH_GRACE_S)
+            self._openai_http = http_runner(api.app(), config, handler_cancellation=True,
+                                            shutdown_timeout=_FLUSH_GRACE_S)
+        self._http_listeners: list[asyncio.Server] = []
 
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -683,8 +692,7 @@ class TtsServer:
             try:
                 await self._listen_http(self._openai_http, "--http-port", self.config.http_port, http_tls(self.config))
             except OSError:
-                if self._metrics_http is not None:
-                    await self._metrics_http.cleanup()
+                await self._stop_http()
                 raise
             logger.info("OpenAI-compatible API on %s://%s:%d/v1", "https" if self.config.uses_tls else "http",
                         self.config.host, self.config.http_port)
@@ -696,15 +704,34 @@ class TtsServer:
 
     async def _listen_http(self, runner: web.AppRunner, flag: str, port: int | None,
                            tls: ssl.SSLContext | None = None) -> None:
+        """Serve `runner`'s application on `port`, each connection through a ConnectionGuard (in place of aiohttp's
+        TCPSite, which has no hook between accepting a connection and serving it)."""
         await runner.setup()
-        # aiohttp binds "::" to IPv6 alone; no host binds every interface of both families, as gRPC's [::] does.
-        host = None if self.config.bare_host == "::" else self.config.bare_host
+        assert runner.server is not None
+        config = self.config
+        limits = ConnectionLimits(config.max_http_connections, config.max_http_connections_per_address,
+                                  config.http_header_timeout_seconds)
+        # "::" binds IPv6 alone; no host binds every interface of both families, as gRPC's [::] does.
+        host = None if config.bare_host == "::" else config.bare_host
         try:
-            await web.TCPSite(runner, host, port, ssl_context=tls).start()
+            listener = await asyncio.get_running_loop().create_server(
+                ConnectionGuard(runner.server, limits), host, port, ssl=tls,
+                ssl_handshake_timeout=limits.header_timeout_s if tls is not None else None)
         except OSError as error:
             await runner.cleanup()
             reason = os.strerror(error.errno) if error.errno else str(error)
-            raise OSError(f"{flag} {port}: cannot listen on {self.config.host}:{port}: {reason}") from None
+            raise OSError(f"{flag} {port}: cannot listen on {config.host}:{port}: {reason}") from None
+        self._http_listeners.append(listener)
+        bound_http_logs()
+
+    async def _stop_http(self) -> None:
+        """Stop accepting on the HTTP ports, then close their connections (a request in progress within its grace)."""
+        for listener in self._http_listeners:
+            listener.close()
+        self._http_listeners.clear()
+        for runner in (self._openai_http, self._metrics_http):
+            if runner is not None and runner.server is not None:
+                await runner.cleanup()
 
     async def serve(self, engine: EngineDoor, metrics: ServiceMetrics | None = None,
                     tracer: CallTracer | None = None) -> None:
@@ -749,9 +776,7 @@ class TtsServer:
         await self._server.stop(grace=_FLUSH_GRACE_S if is_idle else None)
         if self._health_server is not None:
             await self._health_server.stop(grace=None)
-        for runner in (self._openai_http, self._metrics_http):
-            if runner is not None:
-                await runner.cleanup()
+        await self._stop_http()
         engine = self.service.engine
         if engine is not None:
             await engine.stop()
