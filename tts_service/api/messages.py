@@ -51,11 +51,13 @@ def output_format(message: Any) -> OutputFormat:
     return OutputFormat(encoding, message.sample_rate or MODEL_SAMPLE_RATE)
 
 
-def generation_params(message: Any, config: ServerConfig, model: ModelInfo) -> GenerationParams:
+def generation_params(message: Any, config: ServerConfig, model: ModelInfo, text: str | None) -> GenerationParams:
     """GenerationConfig -> GenerationParams; unset fields keep the model's defaults (a set sampling field applies
-    to both the talker and the code predictor)."""
+    to both the talker and the code predictor), and an unset length the model's default for `text` (None: text
+    still arriving)."""
     defaults = model.default_params
-    max_seconds = message.max_audio_seconds if message.HasField("max_audio_seconds") else config.max_audio_seconds
+    max_seconds = (message.max_audio_seconds if message.HasField("max_audio_seconds")
+                   else model.default_audio_seconds(text, config.max_audio_seconds))
     if not 0 < max_seconds <= config.max_audio_seconds:
         raise invalid("generation.max_audio_seconds",
                       f"must be in (0, {config.max_audio_seconds:g}], got {max_seconds}")

@@ -479,12 +479,12 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         """Check the request (a qwen3_tts.v1 VoiceSelection and GenerationConfig: the engine checks the voice at submit)
         and clone its voice, if any; a registered voice is looked up among `owner`'s (see callers.Identity)."""
         engine = self.engine_or_unavailable()
-        params = generation_params(generation, self.config, engine.model_info)
         check_input_limits(text, voice, self.config.input_limits)
+        is_whole_text = record.rpc != "StreamingSynthesize"
+        params = generation_params(generation, self.config, engine.model_info, text if is_whole_text else None)
         record.num_text_chars = len(text)
         clone = await self._voice_clone(engine, voice, record, owner)
         # Whole-text calls default as qwen-tts does for the model; streamed text keeps streaming.
-        is_whole_text = record.rpc != "StreamingSynthesize"
         default = engine.model_info.default_non_streaming_text if is_whole_text else False
         return PreparedRequest(record.request_id,
                                synthesis_input(text, voice, clone, non_streaming_text(generation, default)),

@@ -18,9 +18,11 @@ from tts_service.eager.synthesize import EagerSynthesizer
 from tts_service.model.checkpoint import CheckpointError, LoadedModel, LoadOptions, load_model
 from tts_service.model.prompts import PromptError, SynthesisInput
 from tts_service.model.sources import DEFAULT_MODEL, OFFLINE_FALLBACK_MODEL
+from tts_service.model.speech_length import estimated_speech_seconds
 from tts_service.runner.params import GenerationParams, SamplingParams, params_from_generation_config
 
 logger = logging.getLogger(__name__)
+DEFAULT_MAX_SECONDS = 60.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--repetition-penalty", type=float)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-seconds", type=float, default=60.0, help="cap on generated audio")
+    parser.add_argument("--max-seconds", type=float,
+                        help=f"cap on generated audio (default {DEFAULT_MAX_SECONDS:g}; with random weights, which "
+                             "never end speech by themselves, about as long as reading the text aloud takes)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser
 
@@ -63,6 +67,14 @@ def command_params(args: argparse.Namespace, defaults: GenerationParams, max_new
                             repetition_penalty=(defaults.repetition_penalty if args.repetition_penalty is None
                                                 else args.repetition_penalty),
                             max_new_frames=max_new_frames, seed=args.seed)
+
+
+def max_seconds(args: argparse.Namespace, model: LoadedModel) -> float:
+    if args.max_seconds is not None:
+        return args.max_seconds
+    if model.is_random:
+        return min(DEFAULT_MAX_SECONDS, estimated_speech_seconds(args.text))
+    return DEFAULT_MAX_SECONDS
 
 
 def load_with_offline_fallback(source: str, options: LoadOptions) -> LoadedModel:
@@ -96,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         item = SynthesisInput(text=args.text, language=args.language, speaker=args.speaker,
                               instruction=args.instruction, clone=clone, non_streaming_mode=non_streaming)
         params = command_params(args, params_from_generation_config(model.generation_config),
-                                max(1, round(args.max_seconds * model.speech_config.frame_rate_hz)))
+                                max(1, round(max_seconds(args, model) * model.speech_config.frame_rate_hz)))
         result = synthesizer.synthesize([item], [params])[0]
     except (CheckpointError, PromptError, ReferenceAudioError, ValueError, OSError) as error:
         logger.error("%s", error)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tts_service.model.checkpoint import LoadedModel
+from tts_service.model.speech_length import estimated_speech_seconds
 from tts_service.runner.params import GenerationParams, params_from_generation_config
 
 
@@ -48,6 +49,13 @@ class ModelInfo:
     @property
     def speakers(self) -> list[str]:
         return sorted(self.speaker_dialects)
+
+    def default_audio_seconds(self, text: str | None, max_audio_s: float) -> float:
+        """The audio a request that sets no length may make: the cap, except that random weights, which never end
+        speech by themselves, make about as long as reading `text` aloud takes (None: text still arriving)."""
+        if not self.is_random or not text:
+            return max_audio_s
+        return min(max_audio_s, estimated_speech_seconds(text))
 
     def audio_seconds(self, num_frames: int) -> float:
         return num_frames * self.samples_per_frame / self.sample_rate
