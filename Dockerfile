@@ -1,7 +1,7 @@
 # The Qwen3-TTS gRPC server on CUDA.
 #   docker build -t qwen3-tts-service .
-#   docker run --gpus all -p 50051:50051 -p 9090:9090 -v qwen3-tts-models:/models qwen3-tts-service \
-#       --model Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice
+#   docker run --gpus all -p 50051:50051 -p 8000:8000 -p 9090:9090 -v qwen3-tts-models:/models qwen3-tts-service \
+#       --model Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice --http-port 8000
 #
 # torch from PyPI is a CUDA 13.0 build (NVIDIA driver R580 or newer). For older drivers, build a
 # CUDA 12.8 image from the PyTorch index (driver R570 or newer), with a torch release that has cu128 wheels:
