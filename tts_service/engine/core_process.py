@@ -3,8 +3,8 @@
 The gRPC front door, audio encoding and protobuf stay in the server's process, so that they never hold this
 process's GIL while the runner queues a step. Under load they did: at 30 req/s on an H100 the split took 2.5 ms of
 host time off every step, and the service's ceiling over gRPC rose from about 155 to 244 audio seconds per second
-(BENCHMARKS.md). The server's process starts this one
-with `start_core` (engine_process.py); what crosses between them is in wire.py.
+(BENCHMARKS.md). The server's process starts this one with `EngineProcess.start` (engine_process.py); what
+crosses between them is in wire.py, and which of the engine's operations cross, by name, is declared once in door.py.
 
 The core ends when the server says Stop, or when its socket closes because the server's process has gone. It
 beats (an empty Batch) a few times within the server's stall timeout, so that the server can tell a core that
@@ -19,7 +19,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,6 +30,7 @@ from observability.gc_pauses import freeze_startup_objects, watch_pauses
 from observability.logs import configure_logging
 from observability.metrics import StepObservation
 from tts_service.engine.config import EngineConfig
+from tts_service.engine.door import CALLS, NOTICES, EngineCalls, bound_operations
 from tts_service.engine.engine import Engine
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.voice_files import RegisteredVoice
@@ -52,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 # Beats within the server's stall timeout: one late beat, or two, never reads as a stall.
 _BEATS_PER_STALL_TIMEOUT = 4
+
+# The bridge answers a submit itself: it converts the request from the wire and holds the notices sent meanwhile.
+_SUBMIT = EngineCalls.submit.__name__
 
 
 @dataclass(frozen=True)
@@ -172,18 +176,16 @@ def _request_from_wire(request: SynthesisRequest) -> SynthesisRequest:
 
 
 class CoreBridge:
-    """Server messages -> engine calls; engine results -> the outbox."""
+    """Server messages -> engine calls; engine results -> the outbox.
+
+    It dispatches exactly the operations door.py declares, bound to the engine here: an engine that lacks one,
+    or has it of the wrong kind, fails the bridge's construction, which comes before the core says it is ready."""
 
     def __init__(self, engine: Engine, outbox: Outbox) -> None:
         self.engine = engine
         self.outbox = outbox
-        self._calls: dict[str, Callable[..., Awaitable[Any]]] = {
-            "submit": self._submit, "warm_up": engine.warm_up, "clone_voice": engine.clone_voice,
-            "create_voice": engine.create_voice, "registered_voice": engine.registered_voice,
-            "registered_voices": engine.registered_voices, "delete_voice": engine.delete_voice}
-        self._notices: dict[str, Callable[..., None]] = {
-            "append_text": engine.append_text, "close_text": engine.close_text, "abort": engine.abort,
-            "set_output_paused": engine.set_output_paused}
+        self._calls = bound_operations(engine, CALLS, awaited=True) | {_SUBMIT: self._submit}
+        self._notices = bound_operations(engine, NOTICES, awaited=False)
         self._tasks: set[asyncio.Task[None]] = set()
         # Notices (text, abort, ...) for a request whose submit is still being answered, by request id: the
         # server sends an open request's text without waiting for that answer, and the text must follow it.
@@ -197,7 +199,7 @@ class CoreBridge:
             else:
                 self._apply(message)
             return
-        if message.method == "submit":
+        if message.method == _SUBMIT:
             # The server's process never reuses the id of a request it still has (it refuses that itself).
             self._held_notices[message.args[0].request_id] = []
         task = asyncio.get_running_loop().create_task(self._answer(message))
@@ -243,6 +245,7 @@ async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
         return
     outbox.engine = engine
     engine.add_step_observer(outbox.step)
+    bridge = CoreBridge(engine, outbox)
     logger.info("the engine core froze %d start-up objects out of the garbage collector's walks",
                 freeze_startup_objects())
     watch_pauses("engine core")
@@ -250,7 +253,7 @@ async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
     send(writer, Ready(engine.model_info, engine.captured_graph_batch_sizes(), engine.max_unread_frames,
                        engine.occupancy()))
     beating = asyncio.ensure_future(outbox.beat_every(spec.stall_timeout_s / _BEATS_PER_STALL_TIMEOUT))
-    receiving = asyncio.ensure_future(_receive_until_stop(reader, CoreBridge(engine, outbox)))
+    receiving = asyncio.ensure_future(_receive_until_stop(reader, bridge))
     stepping = asyncio.ensure_future(engine.join())
     try:
         await asyncio.wait((receiving, stepping), return_when=asyncio.FIRST_COMPLETED)

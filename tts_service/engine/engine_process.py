@@ -23,8 +23,8 @@ import logging
 import multiprocessing
 import socket
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from observability.calls import RequestTimeline
 from observability.metrics import StepObservation
 from scheduler.request import FinishReason
 from tts_service.engine.core_process import CoreSpec, run_core
+from tts_service.engine.door import EngineCalls, EngineNotices, declared_name
 from tts_service.engine.engine import EngineOccupancy, EngineStats, EngineStoppedError
 from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.streams import AudioChunk, RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
@@ -41,6 +42,8 @@ from tts_service.engine.wire import Batch, Call, LoadFailed, Notice, Ready, Repl
 from tts_service.model.prompts import VoiceClone
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # After Stop, how long the core may take to end its requests and exit before it is killed.
 _EXIT_GRACE_S = 30.0
@@ -215,8 +218,8 @@ class EngineProcess:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         stream = RequestStream(request_id, self.max_unread_frames,
-                               lambda is_paused: self._notify("set_output_paused", request_id, is_paused))
-        reply = self._send_call("submit", request)
+                               lambda is_paused: self.set_output_paused(request_id, is_paused))
+        reply = self._send_call(EngineCalls.submit, request)
         # Registered before the answer: the core may send audio in the same batch as its reply.
         self._streams[request_id] = _Pending(stream, self.clock())
         if request.is_text_open:
@@ -239,35 +242,39 @@ class EngineProcess:
 
     def append_text(self, request_id: str, fragment: str) -> None:
         if request_id in self._streams and fragment:
-            self._notify("append_text", request_id, fragment)
+            self._notify(EngineNotices.append_text, request_id, fragment)
 
     def close_text(self, request_id: str) -> None:
         if request_id in self._streams:
-            self._notify("close_text", request_id)
+            self._notify(EngineNotices.close_text, request_id)
 
     def abort(self, request_id: str) -> None:
         if request_id in self._streams:
-            self._notify("abort", request_id)
+            self._notify(EngineNotices.abort, request_id)
+
+    def set_output_paused(self, request_id: str, is_paused: bool) -> None:
+        """Its stream's reader fell behind (pause the request in the core) or caught up (resume it)."""
+        self._notify(EngineNotices.set_output_paused, request_id, is_paused)
 
     async def warm_up(self) -> bool:
         """The warm-up synthesis, from here: it crosses the socket as every request will."""
         return await warm_up(self)  # type: ignore[arg-type]
 
     async def clone_voice(self, wav_24k: np.ndarray, reference_text: str | None, x_vector_only: bool) -> VoiceClone:
-        return await self._call("clone_voice", wav_24k, reference_text, x_vector_only)
+        return await self._call(EngineCalls.clone_voice, wav_24k, reference_text, x_vector_only)
 
     async def create_voice(self, wav_24k: np.ndarray, reference_text: str | None, x_vector_only: bool,
                            owner: str) -> RegisteredVoice:
-        return await self._call("create_voice", wav_24k, reference_text, x_vector_only, owner)
+        return await self._call(EngineCalls.create_voice, wav_24k, reference_text, x_vector_only, owner)
 
     async def registered_voice(self, voice_id: str, owner: str) -> RegisteredVoice:
-        return await self._call("registered_voice", voice_id, owner)
+        return await self._call(EngineCalls.registered_voice, voice_id, owner)
 
     async def registered_voices(self, owner: str) -> list[RegisteredVoice]:
-        return await self._call("registered_voices", owner)
+        return await self._call(EngineCalls.registered_voices, owner)
 
     async def delete_voice(self, voice_id: str, owner: str) -> None:
-        await self._call("delete_voice", voice_id, owner)
+        await self._call(EngineCalls.delete_voice, voice_id, owner)
 
     async def stop(self) -> None:
         """Stop the core (its live requests end with an error: drain first) and wait for its process."""
@@ -284,19 +291,23 @@ class EngineProcess:
             await asyncio.to_thread(self._process.join)
         await self._receiving
 
-    def _notify(self, method: str, *args: Any) -> None:
+    def _notify(self, operation: Callable[..., None], *args: Any) -> None:
+        """Send the notice. `operation` is its declaration in door.py, not its name: a misspelt one fails here as an
+        AttributeError, and one the core would not take as a notice as a ValueError, before anything is sent."""
+        method = declared_name(operation, EngineNotices)
         if self.is_running:
             send(self._writer, Notice(method, args))
 
-    async def _call(self, method: str, *args: Any) -> Any:
-        return await self._send_call(method, *args)
+    async def _call(self, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return await self._send_call(operation, *args)
 
-    def _send_call(self, method: str, *args: Any) -> asyncio.Future[Any]:
-        """Send the call; the future is its answer."""
+    def _send_call(self, operation: Callable[..., Awaitable[T]], *args: Any) -> asyncio.Future[T]:
+        """Send the call; the future is its answer. `operation` is its declaration in door.py, as for `_notify`."""
+        method = declared_name(operation, EngineCalls)
         if not self.is_running:
             raise EngineStoppedError("the engine is not running")
         call_id = next(self._call_ids)
-        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        reply: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._replies[call_id] = reply
         reply.add_done_callback(lambda _: self._replies.pop(call_id, None))
         send(self._writer, Call(call_id, method, args))

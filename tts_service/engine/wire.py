@@ -32,7 +32,7 @@ class Call:
     """An engine method whose result (or exception) the server awaits: the core answers with a Reply."""
 
     call_id: int
-    method: str
+    method: str  # one of door.py's CALLS
     args: tuple[Any, ...]
 
 
@@ -40,7 +40,7 @@ class Call:
 class Notice:
     """An engine method the server does not wait for (text, abort, pausing a request's output)."""
 
-    method: str
+    method: str  # one of door.py's NOTICES
     args: tuple[Any, ...]
 
 
