@@ -282,7 +282,7 @@ def test_the_voice_store_claim_is_mounted_where_the_server_keeps_its_voices(helm
     (volume,) = [v for v in pod_spec(documents)["volumes"] if v["name"] == "voices"]
     assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"]}
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "voices"]
-    assert Path(mount["mountPath"]) == config.voice_store and config.max_voices == 500
+    assert Path(mount["mountPath"]) == config.engine.voice_store_dir and config.engine.max_voices == 500
 
     existing = render(helm, "--set", "voiceStore.enabled=true,voiceStore.existingClaim=my-voices")
     assert of_kind(existing, "PersistentVolumeClaim") == []

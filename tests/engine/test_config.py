@@ -8,7 +8,7 @@ from dataclasses import fields
 import pytest
 import torch
 
-from tts_service.api.config import ServerConfig
+from tts_service.api.config import load_config
 from tts_service.engine.config import PROMPT_OVERHEAD_POSITIONS, EngineConfig
 from tts_service.engine.engine import Engine
 
@@ -35,7 +35,7 @@ def test_a_request_has_room_for_the_longest_text_audio_and_reference_the_limits_
 
 
 def test_the_servers_flags_default_to_the_engines_defaults() -> None:
-    from_flags = ServerConfig().engine_config()
+    from_flags = load_config([], {}).engine
     defaults = EngineConfig()
     assert [(item.name, getattr(from_flags, item.name)) for item in fields(EngineConfig)] == [
         (item.name, getattr(defaults, item.name)) for item in fields(EngineConfig)]
@@ -84,7 +84,7 @@ def test_engine_load_keeps_the_codec_convolutions_fp32_on_the_cpu_by_default() -
 @pytest.mark.parametrize(("settings", "message"), [
     ({"codec_convolution_dtype": "bfloat16"}, r"codec_convolution_dtype must be one of auto, float32, float16"),
     ({"codec_convolution_dtype": "float16", "codec_dtype": "bfloat16"},
-     r"codec_convolution_dtype must be auto or float32 unless codec_dtype is float32"),
+     r"codec_convolution_dtype must be auto or float32 with codec_dtype 'bfloat16'"),
 ])
 def test_a_codec_convolution_dtype_the_decoder_cannot_run_is_refused(settings: dict, message: str) -> None:
     with pytest.raises(ValueError, match=rf"EngineConfig\.{message}"):

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from clients.qwen3_tts_client import Connection, Generation, TtsClient, Voice
 from observability.metrics import ServiceMetrics
-from tts_service.api.config import ServerConfig
+from tts_service.api.config import FLAGS, ServerConfig
 from tts_service.api.server import TtsServer
 from tts_service.engine.engine import Engine
 from tts_service.model.checkpoint import LoadedModel
@@ -23,10 +23,21 @@ from tts_service.model.checkpoint import LoadedModel
 T = TypeVar("T")
 SAMPLES_PER_FRAME = 1920
 NATIVE_RATE = 24000
+# The engine's fields by the names of the server's flags that set them: max_concurrent -> max_running.
+_ENGINE_FIELDS = {flag.key: flag.field.name for flag in FLAGS if flag.is_engine}
+
+
+def with_settings(config: ServerConfig, **settings: Any) -> ServerConfig:
+    """`config` with `settings` named as ServerConfig's fields or as the server's flags for the engine's."""
+    engine = {_ENGINE_FIELDS[name]: settings.pop(name) for name in list(settings) if name in _ENGINE_FIELDS}
+    return replace(config, **settings, engine=replace(config.engine, **engine))
+
+
 # Small limits keep every request a few frames long: the tiny model takes ~60 ms a frame on a CPU.
-TEST_CONFIG = ServerConfig(model="(test)", host="127.0.0.1", port=0, max_concurrent=4, max_waiting=16,
-                           max_text_chars=400, max_audio_seconds=0.48, max_reference_audio_seconds=5.0,
-                           stream_idle_timeout_seconds=1.5, drain_timeout_seconds=10.0)
+TEST_CONFIG = with_settings(ServerConfig(), model="(test)", host="127.0.0.1", port=0, max_concurrent=4,
+                            max_waiting=16, max_text_chars=400, max_audio_seconds=0.48,
+                            max_reference_audio_seconds=5.0, stream_idle_timeout_seconds=1.5,
+                            drain_timeout_seconds=10.0)
 RYAN = Voice(speaker="ryan", language="english")
 GREEDY = Generation(temperature=0.0)
 
@@ -59,7 +70,7 @@ class RunningServer:
         assert self.model is not None
 
         async def attach() -> None:
-            engine = Engine.create(self.model, self.server.config.engine_config())
+            engine = Engine.create(self.model, self.server.config.engine)
             engine.start()
             await self.server.serve(engine, metrics)
 
@@ -79,7 +90,7 @@ def start_server(model: LoadedModel | None, config: ServerConfig = TEST_CONFIG, 
     thread.start()
 
     async def boot() -> TtsServer:
-        server = TtsServer(replace(config, **overrides))
+        server = TtsServer(with_settings(config, **overrides))
         await server.start()
         return server
 

@@ -22,7 +22,7 @@ from tests.service.test_voice_clone import REFERENCE_TEXT, pcm16_samples, wav_fi
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 OUTPUT_RATE = 16000
-OUTPUT_SAMPLES = round(TEST_CONFIG.max_audio_seconds * OUTPUT_RATE)  # every test call speaks to the length limit
+OUTPUT_SAMPLES = round(TEST_CONFIG.engine.max_audio_s * OUTPUT_RATE)  # every test call speaks to the length limit
 
 
 @pytest.fixture

@@ -9,14 +9,15 @@ import pytest
 
 from tts_service.api.config import ConfigError, ServerConfig, load_config
 from tts_service.api.main import main
+from tts_service.engine.config import EngineConfig
 from tts_service.model.sources import DEFAULT_MODEL
 
 
 def test_flags_override_the_environment_which_overrides_the_defaults() -> None:
     environ = {"QWEN3_TTS_PORT": "6000", "QWEN3_TTS_MAX_WAITING": "7", "QWEN3_TTS_DRAIN_TIMEOUT_SECONDS": "2.5"}
     config = load_config(["--port", "7000", "--model", "random:tiny-base"], environ)
-    assert (config.port, config.max_waiting, config.drain_timeout_seconds) == (7000, 7, 2.5)
-    assert config.model == "random:tiny-base" and config.max_concurrent == ServerConfig().max_concurrent
+    assert (config.port, config.engine.max_waiting, config.drain_timeout_seconds) == (7000, 7, 2.5)
+    assert config.model == "random:tiny-base" and config.engine.max_running == EngineConfig().max_running
     assert load_config([], {}).model == DEFAULT_MODEL
 
 
@@ -81,19 +82,19 @@ def test_tracing_settings_this_server_cannot_honour_are_refused_naming_the_varia
 
 
 def test_the_step_profiler_is_off_unless_a_flag_or_the_environment_turns_it_on() -> None:
-    assert not load_config([], {}).engine_config().profile_steps
-    assert load_config(["--profile-steps"], {}).engine_config().profile_steps
-    assert load_config([], {"QWEN3_TTS_PROFILE_STEPS": "true"}).profile_steps
-    assert not load_config(["--no-profile-steps"], {"QWEN3_TTS_PROFILE_STEPS": "1"}).profile_steps
+    assert not load_config([], {}).engine.profile_steps
+    assert load_config(["--profile-steps"], {}).engine.profile_steps
+    assert load_config([], {"QWEN3_TTS_PROFILE_STEPS": "true"}).engine.profile_steps
+    assert not load_config(["--no-profile-steps"], {"QWEN3_TTS_PROFILE_STEPS": "1"}).engine.profile_steps
     with pytest.raises(ConfigError, match="QWEN3_TTS_PROFILE_STEPS"):
         load_config([], {"QWEN3_TTS_PROFILE_STEPS": "maybe"})
 
 
 def test_the_predictor_kernel_is_on_unless_a_flag_or_the_environment_turns_it_off() -> None:
-    assert load_config([], {}).engine_config().use_predictor_kernel
-    assert not load_config(["--no-predictor-kernel"], {}).engine_config().use_predictor_kernel
-    assert not load_config([], {"QWEN3_TTS_PREDICTOR_KERNEL": "false"}).engine_config().use_predictor_kernel
-    assert load_config(["--predictor-kernel"], {"QWEN3_TTS_PREDICTOR_KERNEL": "0"}).predictor_kernel
+    assert load_config([], {}).engine.use_predictor_kernel
+    assert not load_config(["--no-predictor-kernel"], {}).engine.use_predictor_kernel
+    assert not load_config([], {"QWEN3_TTS_PREDICTOR_KERNEL": "false"}).engine.use_predictor_kernel
+    assert load_config(["--predictor-kernel"], {"QWEN3_TTS_PREDICTOR_KERNEL": "0"}).engine.use_predictor_kernel
 
 
 @pytest.mark.parametrize("name", ["QWEN3_TTS_ENGINE_PROCESS", "QWEN3_TTS_PROFILE_STEPS", "QWEN3_TTS_PREDICTOR_KERNEL"])
@@ -103,19 +104,19 @@ def test_a_switch_in_the_environment_that_is_not_true_or_false_is_refused_naming
 
 
 def test_the_codec_decoder_stays_fp32_unless_bf16_is_asked_for() -> None:
-    assert load_config([], {}).engine_config().codec_dtype == "float32"
-    assert load_config(["--codec-dtype", "bfloat16"], {}).engine_config().codec_dtype == "bfloat16"
-    assert load_config([], {"QWEN3_TTS_CODEC_DTYPE": "BFloat16"}).codec_dtype == "bfloat16"
+    assert load_config([], {}).engine.codec_dtype == "float32"
+    assert load_config(["--codec-dtype", "bfloat16"], {}).engine.codec_dtype == "bfloat16"
+    assert load_config([], {"QWEN3_TTS_CODEC_DTYPE": "BFloat16"}).engine.codec_dtype == "bfloat16"
     with pytest.raises(ConfigError, match="--codec-dtype: must be one of float32, bfloat16, got 'float16'"):
         load_config(["--codec-dtype", "float16"], {})
 
 
 def test_the_codec_convolution_dtype_is_auto_unless_set_and_fp16_only_in_an_fp32_codec() -> None:
-    assert load_config([], {}).engine_config().codec_convolution_dtype == "auto"
+    assert load_config([], {}).engine.codec_convolution_dtype == "auto"
     flag = ["--codec-convolution-dtype", "float16"]
-    assert load_config(flag, {}).engine_config().codec_convolution_dtype == "float16"
-    assert load_config([], {"QWEN3_TTS_CODEC_CONVOLUTION_DTYPE": "Float16"}).codec_convolution_dtype == "float16"
-    assert load_config(["--codec-dtype", "bfloat16"], {}).engine_config().codec_convolution_dtype == "auto"
+    assert load_config(flag, {}).engine.codec_convolution_dtype == "float16"
+    assert load_config([], {"QWEN3_TTS_CODEC_CONVOLUTION_DTYPE": "Float16"}).engine.codec_convolution_dtype == "float16"
+    assert load_config(["--codec-dtype", "bfloat16"], {}).engine.codec_convolution_dtype == "auto"
     with pytest.raises(ConfigError, match="--codec-convolution-dtype: must be auto or float32 with codec_dtype "
                                           "'bfloat16'"):
         load_config([*flag, "--codec-dtype", "bfloat16"], {})
@@ -141,9 +142,9 @@ def test_the_server_command_sets_the_gil_switch_interval(monkeypatch: pytest.Mon
 
 
 def test_steps_are_scheduled_ahead_from_64_decodes_unless_set_or_off() -> None:
-    assert load_config([], {}).engine_config().min_decodes_to_schedule_ahead == 64
-    assert load_config(["--min-decodes-to-schedule-ahead", "8"], {}).engine_config().min_decodes_to_schedule_ahead == 8
+    assert load_config([], {}).engine.min_decodes_to_schedule_ahead == 64
+    assert load_config(["--min-decodes-to-schedule-ahead", "8"], {}).engine.min_decodes_to_schedule_ahead == 8
     environ = {"QWEN3_TTS_MIN_DECODES_TO_SCHEDULE_AHEAD": "off"}
-    assert load_config([], environ).engine_config().min_decodes_to_schedule_ahead is None
+    assert load_config([], environ).engine.min_decodes_to_schedule_ahead is None
     with pytest.raises(ConfigError, match="--min-decodes-to-schedule-ahead: must be >= 0 or off"):
         load_config(["--min-decodes-to-schedule-ahead", "-1"], {})

@@ -25,7 +25,7 @@ def test_warm_up_runs_one_short_synthesis_to_its_end_and_leaves_nothing_live(
     model = tiny_models["custom_voice"]
 
     async def run() -> tuple[bool, Engine]:
-        engine = Engine.create(model, TEST_CONFIG.engine_config())
+        engine = Engine.create(model, TEST_CONFIG.engine)
         engine.start()
         try:
             return await engine.warm_up(), engine

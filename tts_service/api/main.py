@@ -53,7 +53,7 @@ def load_engine(config: ServerConfig) -> Engine:
     """Exactly the configured model in an engine, not started."""
     from tts_service.engine import Engine
 
-    return Engine.load(config.model, resolve_device(config.device), config.engine_config())
+    return Engine.load(config.model, resolve_device(config.device), config.engine)
 
 
 async def start_engine(config: ServerConfig) -> Engine | EngineProcess:
@@ -65,7 +65,7 @@ async def start_engine(config: ServerConfig) -> Engine | EngineProcess:
         return engine
     from tts_service.engine import CoreSpec, EngineProcess
 
-    spec = CoreSpec(config.model, resolve_device(config.device), config.engine_config(), config.log_level,
+    spec = CoreSpec(config.model, resolve_device(config.device), config.engine, config.log_level,
                     config.log_format, config.gil_switch_interval_ms / 1000, config.engine_stall_timeout_seconds)
     return await EngineProcess.start(spec)
 

@@ -57,10 +57,10 @@ def generation_params(message: Any, config: ServerConfig, model: ModelInfo, text
     still arriving)."""
     defaults = model.default_params
     max_seconds = (message.max_audio_seconds if message.HasField("max_audio_seconds")
-                   else model.default_audio_seconds(text, config.max_audio_seconds))
-    if not 0 < max_seconds <= config.max_audio_seconds:
+                   else model.default_audio_seconds(text, config.engine.max_audio_s))
+    if not 0 < max_seconds <= config.engine.max_audio_s:
         raise invalid("generation.max_audio_seconds",
-                      f"must be in (0, {config.max_audio_seconds:g}], got {max_seconds}")
+                      f"must be in (0, {config.engine.max_audio_s:g}], got {max_seconds}")
     def sampling(default: SamplingParams) -> SamplingParams:
         return SamplingParams(
             temperature=message.temperature if message.HasField("temperature") else default.temperature,

@@ -199,7 +199,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         self.engine: EngineDoor | None = None
         self.metrics: ServiceMetrics | None = None
         self.tracer: CallTracer | None = None
-        self._reference_limits = AudioLimits(max_seconds=config.max_reference_audio_seconds)
+        self._reference_limits = AudioLimits(max_seconds=config.engine.max_reference_audio_s)
         # One reference recording decoded at a time: decoding is heavy and must stay off the event loop.
         self._decode_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-reference-audio")
         self._num_clones_in_progress = 0
@@ -312,16 +312,16 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     def _voices(self, model: ModelInfo) -> Any:
         speakers = [pb.Speaker(name=name, dialect=model.speaker_dialects[name] or "") for name in model.speakers]
-        config = self.config
-        limits = pb.Limits(max_text_chars=config.max_text_chars, max_audio_seconds=config.max_audio_seconds,
-                           max_reference_audio_seconds=config.max_reference_audio_seconds,
+        config, engine = self.config, self.config.engine
+        limits = pb.Limits(max_text_chars=engine.max_text_chars, max_audio_seconds=engine.max_audio_s,
+                           max_reference_audio_seconds=engine.max_reference_audio_s,
                            max_message_bytes=config.max_message_bytes,
-                           max_reference_text_chars=config.max_reference_text_chars,
+                           max_reference_text_chars=engine.max_reference_text_chars,
                            max_reference_audio_bytes=config.input_limits.reference_audio_bytes,
                            max_calls_per_caller=config.max_calls_per_caller,
-                           max_voices=config.max_voices, max_voices_per_caller=config.max_voices_per_caller,
-                           max_voice_bytes=config.max_voice_bytes,
-                           voices_are_persistent=config.voice_store is not None,
+                           max_voices=engine.max_voices, max_voices_per_caller=engine.max_voices_per_owner,
+                           max_voice_bytes=engine.max_voice_bytes,
+                           voices_are_persistent=engine.voice_store_dir is not None,
                            stream_idle_timeout_seconds=config.stream_idle_timeout_seconds,
                            max_stream_seconds=config.max_stream_seconds)
         return pb.ListVoicesResponse(
@@ -549,7 +549,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     def _server_phase_timer(self) -> Callable[[str, float], None] | None:
         """With the step profiler on and metrics kept: records the server's own work per chunk."""
-        if self.metrics is None or not self.config.profile_steps:
+        if self.metrics is None or not self.config.engine.profile_steps:
             return None
         return self.metrics.observe_server_phase
 

@@ -96,8 +96,8 @@ class TextCall:
             kind = message.WhichOneof("request")
             if kind == "text":
                 record.num_text_chars += len(message.text)
-                if record.num_text_chars > config.max_text_chars:
-                    raise invalid("text", f"the streamed text exceeds {config.max_text_chars} characters")
+                if record.num_text_chars > config.engine.max_text_chars:
+                    raise invalid("text", f"the streamed text exceeds {config.engine.max_text_chars} characters")
                 engine.append_text(request_id, message.text)
             elif kind == "flush":
                 await self._acks.put(pb.StreamingSynthesizeResponse(flush_ack=pb.FlushAck(marker=message.flush.marker)))

@@ -1,5 +1,6 @@
-"""The engine's one configuration. Every number has its single default here; the runner's and the
-scheduler's settings are derived from it, never written back into it.
+"""The engine's one configuration. Every number has its single default here, declared once with its check and, for
+what the server exposes, the help of its flag (`settings.setting`); the runner's and the scheduler's settings are
+derived from it, never written back into it.
 
 It imports neither torch nor the runner's code, so that reading the server's flags stays light.
 """
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.scheduler import SchedulerConfig
+from tts_service.engine.settings import Check, above, at_least, check_fields, count_or_off, one_of, require, setting
 from tts_service.runner.config import RunnerConfig
 
 # Prompt positions beyond a request's text and audio: chat template, codec tags, speaker slot.
@@ -21,30 +23,43 @@ _TEXT_TOKENS_PER_CHAR = 1
 
 CODEC_DTYPES = ("float32", "bfloat16")
 CODEC_CONVOLUTION_DTYPES = ("auto", "float32", "float16")
+# A directory not made yet is made at start.
+_DIRECTORY = Check("a directory", lambda path: not path.exists() or path.is_dir())
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     # -- loading --
-    # How long a Hub download that fails for a passing reason (unreachable, overloaded) is retried before the load
-    # fails: a server that cannot have its model exits rather than serve another.
-    model_download_timeout_s: float = 300.0
+    # A server that cannot have its model exits rather than serve another.
+    model_download_timeout_s: float = setting(
+        300.0, "how long a Hugging Face Hub download that fails for a reason that may pass (the Hub unreachable, "
+               "overloaded or rate limiting) is retried with backoff before the server exits with status 1; the "
+               "server never serves another model in place of --model",
+        flag="model-download-timeout-seconds", check=at_least(0))
     # -- how many requests --
-    max_running: int = 128  # requests decoded per step: the largest captured graph batch
-    max_waiting: int = 256  # queued requests (new and preempted) before submit() refuses
+    max_running: int = setting(128, "requests generating at once: the decode batch, up to the largest captured "
+                                    "graph batch", flag="max-concurrent", check=at_least(1))
+    max_waiting: int = setting(256, "queued requests (new and preempted) beyond which new ones get "
+                                    "RESOURCE_EXHAUSTED", check=at_least(1))
     # Runner rows; more than max_running lets parked requests keep their state without shrinking the
     # decode batch. None: max_running.
     num_slots: int | None = None
     # -- what one request may hold (sizes the KV block table) --
-    max_text_chars: int = 4096  # of text, and again of instruction
-    max_reference_text_chars: int = 2048  # an in-context clone's transcript
-    max_audio_s: float = 120.0  # generated audio
-    max_reference_audio_s: float = 60.0  # an in-context clone's reference audio, read as codec frames
+    max_text_chars: int = setting(4096, "most characters of text per request (and of an instruction)",
+                                  check=at_least(1))
+    max_reference_text_chars: int = setting(2048, "most characters of a voice clone's reference transcript",
+                                            check=at_least(1))
+    max_audio_s: float = setting(120.0, "longest audio one request may generate, and the cap of one that sets "
+                                        "none", flag="max-audio-seconds", check=above(0))
+    # Read as codec frames.
+    max_reference_audio_s: float = setting(60.0, "longest voice-cloning reference recording",
+                                           flag="max-reference-audio-seconds", check=above(0))
     # None: room for the longest request the three limits above allow.
-    max_positions_per_request: int | None = None
+    max_positions_per_request: int | None = setting(None, check=at_least(1))
     # -- KV memory --
     block_size: int = 32  # KV positions per block
-    num_kv_blocks: int | None = None  # None: sized from free device memory
+    num_kv_blocks: int | None = setting(None, "KV cache size in blocks; unset: sized from free GPU memory",
+                                        flag="kv-blocks", check=at_least(1))
     kv_memory_fraction: float = 0.6  # of free device memory, when sizing the KV cache from it
     # -- the step policy --
     max_prefill_positions_per_step: int = 4096  # a step's prefill budget; its first admission is exempt
@@ -56,60 +71,64 @@ class EngineConfig:
     # step at load (one call per distinct length) and ask for steps of half a frame's duration while a
     # stream starts (BENCHMARKS.md, "one codec call per step").
     codec_chunk_schedule: tuple[int, ...] = (1,)
-    # From this many decodes in the running step, schedule the next step while it still runs and queue its frames
-    # behind the running step's on the device, so that the device goes from one step's frames to the next without
-    # waiting for the host's update, schedule and plan (Scheduler.schedule_ahead; one-frame chunks only): about a
-    # tenth more audio per second at 128 streams on an H100. The price is one step of queueing for a request that
-    # arrives after the next step was scheduled, so small batches, whose steps are far from the device's limit,
-    # keep scheduling in order (BENCHMARKS.md, "steps scheduled ahead"). None: always in order.
-    min_decodes_to_schedule_ahead: int | None = 64
-    max_unread_audio_s: float = 10.0  # audio a request's reader may leave unread before it pauses
+    # The next step's frames queue behind the running step's on the device (Scheduler.schedule_ahead; one-frame
+    # chunks only), so that the device never waits for the host's update, schedule and plan. The price is one step
+    # of queueing for a request that arrives after the next step was scheduled, so small batches, whose steps are
+    # far from the device's limit, keep scheduling in order (BENCHMARKS.md, "steps scheduled ahead").
+    min_decodes_to_schedule_ahead: int | None = setting(
+        64, "from this many decodes a step, schedule the next step while it runs, so that the GPU never waits for "
+            "the host between steps (about a tenth more audio per second at 128 streams, one step more before a "
+            "new request's prefill); off: every step in order",
+        check=Check(">= 0 or off", lambda count: count >= 0), parse=count_or_off)
+    max_unread_audio_s: float = setting(10.0, "audio a streaming reader may leave unread before its request pauses",
+                                        flag="max-unread-audio-seconds", check=above(0))
     # -- graphs and kernels --
-    # The codec decoder's dtype: "float32", or "bfloat16", which is faster under load and whose waveform moves
-    # from fp32 about as far as the reference's own bf16 decoder does (BENCHMARKS.md, "codec fidelity").
-    codec_dtype: str = "float32"
-    # What a float32 codec's residual units' convolutions read and write: "float32" (cuDNN's TF32 kernels round
-    # their inputs to a 10-bit mantissa); "float16": the same mantissa, fp32 accumulation, each output rounded to
-    # fp16 once, about a quarter off the codec's time, the waveform as far from exact fp32 as the reference's own
-    # fp32 decoder's (BENCHMARKS.md, "fp16 convolutions"); or "auto": float16 for a float32 codec on CUDA,
-    # float32 otherwise.
-    codec_convolution_dtype: str = "auto"
+    # bfloat16 is faster under load, and its waveform moves from fp32 about as far as the reference's own bf16
+    # decoder's does (BENCHMARKS.md, "codec fidelity").
+    codec_dtype: str = setting("float32", "the codec decoder's dtype: float32, or bfloat16, faster under load, its "
+                                          "waveform then about as far from fp32 as the reference's own bf16 "
+                                          "decoder's", check=one_of(*CODEC_DTYPES), parse=str.lower)
+    # float32 runs cuDNN's TF32 kernels, which round their inputs to a 10-bit mantissa; float16 keeps that mantissa,
+    # accumulates in fp32 and rounds each output to fp16 once: about a quarter off the codec's time, the waveform as
+    # far from exact fp32 as the reference's own fp32 decoder's (BENCHMARKS.md, "fp16 convolutions").
+    codec_convolution_dtype: str = setting(
+        "auto", "what a float32 codec's residual units' convolutions read and write: auto (float16 on CUDA, "
+                "float32 elsewhere), float32 (cuDNN runs them in TF32), or float16 with fp32 accumulation, faster "
+                "and as near exact fp32 as the reference's own fp32 decoder",
+        check=one_of(*CODEC_CONVOLUTION_DTYPES), parse=str.lower)
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
     prefill_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     prefill_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256)
     use_cuda_graphs: bool = True
     use_fused_kernels: bool = True
-    # At one or two rows, each code predictor call as one persistent kernel (runner/predictor_pass.py), about a
-    # seventh off a frame; off on a GPU share capped below its SM count (MPS), where its programs cannot all run.
-    use_predictor_kernel: bool = True
+    # runner/predictor_pass.py; its programs cannot all run on a GPU share capped below the SM count (MPS).
+    use_predictor_kernel: bool = setting(
+        True, "at one or two streams, run each code predictor call as one persistent kernel (one program per SM, "
+              "about a seventh off a frame); --no-predictor-kernel for a GPU share capped below its SM count, such "
+              "as MPS's active-thread percentage", flag="predictor-kernel")
     # -- the step profiler --
-    profile_steps: bool = False  # host and device time per phase of every step, into stats and metrics
+    profile_steps: bool = setting(False, "time every engine step's phases (host and GPU) and the server's per-chunk "
+                                         "work into the metrics (qwen3_tts_*_phase_seconds)")
     # -- registered voices (Base models) --
-    voice_store_dir: Path | None = None  # None: kept in memory, lost when the process ends
-    max_voices: int = 1000  # stored voices, all owners together
-    max_voices_per_owner: int = 100  # stored voices of one owner (API key), so that no key fills the store
-    # One stored voice: an in-context voice's codes take 64 bytes a frame, so 1 MiB holds about 20 minutes of them.
-    max_voice_bytes: int = 1024 * 1024
+    voice_store_dir: Path | None = setting(None, "directory keeping registered voices (CreateVoice) across restarts; "
+                                                 "unset: in memory, lost when the server stops",
+                                           flag="voice-store", check=_DIRECTORY)
+    max_voices: int = setting(1000, "registered voices stored, all callers together; CreateVoice beyond gets "
+                                    "RESOURCE_EXHAUSTED", check=at_least(1))
+    # So that no key fills the store.
+    max_voices_per_owner: int = setting(100, "registered voices one caller (API key; without keys, all callers share "
+                                             "one namespace) may keep; CreateVoice beyond gets RESOURCE_EXHAUSTED",
+                                        flag="max-voices-per-caller", check=at_least(1))
+    # An in-context voice's codes take 64 bytes a frame, so 1 MiB holds about 20 minutes of them.
+    max_voice_bytes: int = setting(1024 * 1024, "largest registered voice as stored (an in-context voice grows with "
+                                                "its reference)", check=at_least(1))
 
     def __post_init__(self) -> None:
-        for name in ("max_running", "max_waiting", "max_text_chars", "max_reference_text_chars", "max_voices",
-                     "max_voices_per_owner", "max_voice_bytes"):
-            _require(getattr(self, name) >= 1, name, ">= 1")
-        _require(self.num_slots is None or self.num_slots >= self.max_running, "num_slots",
-                 f">= max_running ({self.max_running})")
-        _require(self.min_decodes_to_schedule_ahead is None or self.min_decodes_to_schedule_ahead >= 0,
-                 "min_decodes_to_schedule_ahead", ">= 0, or None")
-        for name in ("max_audio_s", "max_reference_audio_s", "max_unread_audio_s"):
-            _require(math.isfinite(getattr(self, name)) and getattr(self, name) > 0, name, "> 0")
-        _require(math.isfinite(self.model_download_timeout_s) and self.model_download_timeout_s >= 0,
-                 "model_download_timeout_s", ">= 0")
-        _require(self.max_positions_per_request is None or self.max_positions_per_request >= 1,
-                 "max_positions_per_request", ">= 1")
-        _require(self.codec_dtype in CODEC_DTYPES, "codec_dtype", f"one of {', '.join(CODEC_DTYPES)}")
-        _require(self.codec_convolution_dtype in CODEC_CONVOLUTION_DTYPES, "codec_convolution_dtype",
-                 f"one of {', '.join(CODEC_CONVOLUTION_DTYPES)}")
-        _require(self.codec_convolution_dtype != "float16" or self.codec_dtype == "float32", "codec_convolution_dtype",
-                 "auto or float32 unless codec_dtype is float32")
+        check_fields(self)
+        require(self, self.num_slots is None or self.num_slots >= self.max_running, "num_slots",
+                f">= max_running ({self.max_running})")
+        require(self, self.codec_convolution_dtype != "float16" or self.codec_dtype == "float32",
+                "codec_convolution_dtype", f"auto or float32 with codec_dtype {self.codec_dtype!r}")
 
     @property
     def num_runner_slots(self) -> int:
@@ -150,6 +169,3 @@ class EngineConfig:
             max_positions_per_request=self.positions_per_request(frame_rate_hz))
 
 
-def _require(condition: bool, name: str, requirement: str) -> None:
-    if not condition:
-        raise ValueError(f"EngineConfig.{name} must be {requirement}")
