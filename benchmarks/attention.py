@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from tts_service.runner.kv_cache import HAS_TRITON, PagedDecodeBackend, PagedKVCache
+from tts_service.model.triton_utils import HAS_TRITON
+from tts_service.runner.kv_cache import PagedDecodeBackend, PagedKVCache
 
 TALKER_HEADS, TALKER_KV_HEADS, TALKER_HEAD_DIM, TALKER_LAYERS = 16, 8, 128, 28
 

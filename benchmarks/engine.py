@@ -36,7 +36,8 @@ from observability.gc_pauses import freeze_startup_objects
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine, EngineStats
 from tts_service.engine.streams import SynthesisRequest
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
+from tts_service.model.loading import load_model
 from tts_service.model.prompts import SynthesisInput
 from tts_service.runner.params import GenerationParams, SamplingParams
 

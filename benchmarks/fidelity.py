@@ -27,8 +27,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.reference_oracle import import_qwen_tts
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.layers import use_fused_kernels
+from tts_service.model.loading import load_model
 from tts_service.model.talker import Talker
 from tts_service.runner.frame_codes import predictor_hidden
 from tts_service.runner.frame_step import PagedPredictorCache, PredictorCache, predictor_call
@@ -130,7 +132,7 @@ def one_call_logits(talker: Talker, embeds: torch.Tensor, codes: torch.Tensor) -
     kernel does not serve this device or model."""
     dtype, device = talker.codec_head.weight.dtype, embeds.device
     memory = PagedPredictorCache(talker, 1, dtype, device)
-    call = predictor_call(talker, memory, dtype, device)
+    call = predictor_call(talker, memory, KernelPolicy.build(device, dtype))
     if call is None:
         return None
     talker_hidden = engine_talker_hidden(talker, embeds)

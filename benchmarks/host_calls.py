@@ -20,7 +20,8 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.engine import bench_workload, run_level
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
+from tts_service.model.loading import load_model
 
 _SLOW_CALL_US = 2000
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from tts_service.engine.config import EngineConfig
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
+from tts_service.model.loading import load_model
 from tts_service.runner.params import GenerationParams
 from tts_service.runner.runner import DecodeInput, ModelRunner
 

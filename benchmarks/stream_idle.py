@@ -30,7 +30,8 @@ from benchmarks.engine import bench_workload, run_level
 from observability.metrics import StepObservation
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
+from tts_service.model.loading import load_model
 
 _DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 _GAP_US = 50.0

@@ -4,8 +4,9 @@ A full collection walks every object the process tracks. With torch and transfor
 hundreds of thousands of objects, built at start-up and never freed, and the walk stops every thread:
 in the engine core, every stream's next step; in the server, every write. `freeze_startup_objects`
 moves what exists after start-up out of the collector's sight (gc.freeze), so later collections walk
-only what serving allocates. `watch_pauses` logs each collection that stops the process longer than a
-threshold, with its generation, so that a stall seen by listeners can be matched to one.
+only what serving allocates, and `thaw_startup_objects` gives them back once serving has stopped.
+`watch_pauses` logs each collection that stops the process longer than a threshold, with its
+generation, so that a stall seen by listeners can be matched to one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ def freeze_startup_objects() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def thaw_startup_objects() -> None:
+    """Give the frozen objects back to the collector, for a process that has stopped serving. The interpreter's last
+    collections at exit skip frozen objects, so those kept alive only by reference cycles would outlive it, and
+    extension modules that check for leaks at exit report each one: Triton's bindings (nanobind) print some fifty
+    `nanobind: leaked ...` lines on every shutdown."""
+    gc.unfreeze()
 
 
 def watch_pauses(process: str, min_pause_s: float = LOGGED_PAUSE_S) -> Callable[[str, dict[str, Any]], None]:

@@ -28,7 +28,8 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 def tiny_models(tiny_checkpoints: dict[str, Path]) -> dict[str, LoadedModel]:
     import torch
 
-    from tts_service.model.checkpoint import LoadOptions, load_model
+    from tts_service.model.checkpoint import LoadOptions
+    from tts_service.model.loading import load_model
 
     options = LoadOptions(device=torch.device("cpu"), dtype=torch.float32)
     return {kind: load_model(str(path), options) for kind, path in tiny_checkpoints.items()}

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from observability.gc_pauses import freeze_startup_objects, watch_pauses
+from observability.gc_pauses import freeze_startup_objects, thaw_startup_objects, watch_pauses
 
 
 def messages_of_a_full_collection(min_pause_s: float, caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -35,5 +35,14 @@ def test_freezing_takes_the_objects_alive_now_out_of_later_collections() -> None
     try:
         num_frozen = freeze_startup_objects()
         assert num_frozen > 1000 and gc.get_freeze_count() == num_frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_thawing_gives_every_frozen_object_back_to_the_collector() -> None:
+    try:
+        freeze_startup_objects()
+        thaw_startup_objects()
+        assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()

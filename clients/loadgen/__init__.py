@@ -8,7 +8,9 @@ whether or not earlier ones have finished, so a slow server meets the same load 
 with the same seed, from texts.jsonl: 540 sentences written for this repository (18% Chinese, sent
 with language "chinese"; English 3 to 40 words, Chinese 3 to 60 characters; questions, numbers and
 dates, names, lists, dialogue, instructions, notices, short replies and long explanations);
-`--language` keeps one language only. Per request it records the time to first audio (from the
+`--language` keeps one language only. Before it plans, it reads the server's limits (ListVoices) and keeps
+every request inside them: audio capped at the server's max_audio_seconds (or `--max-audio-seconds`, if
+lower), text cut to its max_text_chars. Per request it records the time to first audio (from the
 request, or from the first text fragment of a bidirectional call, to the first chunk with audio),
 the end-to-end time, the real-time factor (end-to-end time over audio seconds), and its stalls, with
 the definition of the server's underrun metric: playback starts when the first chunk arrives, with no

@@ -10,10 +10,13 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
+
+import grpc
 
 from clients.loadgen.report import summarize, table
 from clients.loadgen.run import RequestSettings, run_closed_loop, run_schedule
-from clients.loadgen.schedule import closed_loop_plan, poisson_schedule
+from clients.loadgen.schedule import PlannedRequest, closed_loop_plan, poisson_schedule
 from clients.qwen3_tts_client import AsyncTtsClient, AudioFormat, Connection, Generation, Voice
 
 
@@ -35,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="only texts in this language (default: the whole set, each in its own language)")
     parser.add_argument("--encoding", default="pcm16")
     parser.add_argument("--sample-rate", type=int, default=0, help="0: the model's 24000 Hz")
-    parser.add_argument("--max-audio-seconds", type=float, help="cap on each request's audio (default: none)")
+    parser.add_argument("--max-audio-seconds", type=float,
+                        help="cap on each request's audio, under the server's own limit, which always applies")
     parser.add_argument("--temperature", type=float, help="unset: the model's default")
     parser.add_argument("--fragment-interval", type=float, default=0.0,
                         help="StreamingSynthesize: seconds between text fragments (0: as fast as possible)")
@@ -47,12 +51,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _run(args: argparse.Namespace) -> dict:
+def _plan(args: argparse.Namespace, limits: Any) -> list[PlannedRequest]:
+    """The requests to send, each inside the server's `limits` (ListVoices' Limits): one past them would be refused,
+    and count as an error of the server's."""
+    max_audio_seconds = limits.max_audio_seconds if args.max_audio_seconds is None else min(
+        args.max_audio_seconds, limits.max_audio_seconds)
     if args.rate is not None:
-        planned = poisson_schedule(args.rate, args.duration, args.rpc, args.seed, args.max_audio_seconds,
-                                   args.language)
-    else:
-        planned = closed_loop_plan(args.requests, args.rpc, args.seed, args.max_audio_seconds, args.language)
+        return poisson_schedule(args.rate, args.duration, args.rpc, args.seed, max_audio_seconds, args.language,
+                                limits.max_text_chars)
+    return closed_loop_plan(args.requests, args.rpc, args.seed, max_audio_seconds, args.language,
+                            limits.max_text_chars)
+
+
+async def _run(args: argparse.Namespace) -> dict:
     settings = RequestSettings(voice=Voice(speaker=args.speaker),
                                audio_format=AudioFormat(args.encoding, args.sample_rate),
                                generation=Generation(temperature=args.temperature, seed=args.seed),
@@ -60,6 +71,8 @@ async def _run(args: argparse.Namespace) -> dict:
     connection = Connection(target=args.server, api_key=args.api_key,
                             root_certificates=Path(args.ca).read_bytes() if args.ca else None)
     async with AsyncTtsClient(connection) as client:
+        limits = (await client.list_voices(timeout=args.timeout)).limits
+        planned = _plan(args, limits)
         started = time.perf_counter()
         if args.rate is not None:
             records = await run_schedule(client, planned, settings)
@@ -71,7 +84,9 @@ async def _run(args: argparse.Namespace) -> dict:
             "settings": {"rate": args.rate, "duration_s": args.duration, "concurrency": args.concurrency,
                          "num_requests": args.requests, "rpc": args.rpc, "seed": args.seed,
                          "language": args.language, "encoding": args.encoding, "sample_rate": args.sample_rate,
-                         "fragment_interval_s": args.fragment_interval, "max_audio_seconds": args.max_audio_seconds},
+                         "fragment_interval_s": args.fragment_interval, "max_audio_seconds": args.max_audio_seconds,
+                         "server_limits": {"max_audio_seconds": limits.max_audio_seconds,
+                                           "max_text_chars": limits.max_text_chars}},
             "schedule": [asdict(request) for request in planned], "wall_s": wall_s,
             "summary": summarize(records, wall_s), "requests": [asdict(record) for record in records]}
 
@@ -101,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rate needs --duration")
     if args.concurrency is not None and args.requests is None:
         parser.error("--concurrency needs --requests")
-    report = asyncio.run(_run(args))
+    try:
+        report = asyncio.run(_run(args))
+    except grpc.aio.AioRpcError as error:  # ListVoices, before any load: each request catches its own
+        parser.exit(1, f"{parser.prog}: cannot read the server's limits: {error.code().name}: {error.details()}\n")
     write_report(args.out, report)
     load = f"{args.rate:g}" if args.rate is not None else f"c{args.concurrency}"
     sys.stdout.write(table(load, report["summary"]) + "\n")

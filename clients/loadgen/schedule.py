@@ -45,16 +45,17 @@ def audio_seconds_for(text: Text) -> float:
 
 
 def poisson_schedule(rate_per_s: float, duration_s: float, rpc: str, seed: int,
-                     max_audio_seconds: float | None = None, language: str | None = None) -> list[PlannedRequest]:
+                     max_audio_seconds: float | None = None, language: str | None = None,
+                     max_text_chars: int | None = None) -> list[PlannedRequest]:
     """Exponential gaps at `rate_per_s` until `duration_s`; `rpc` "mixed" picks each call at random.
 
     Each request's text is drawn from `texts()` (only those in `language`, if given) by the same seeded
-    generator as the arrivals, so a seed fixes the whole workload. Each request asks for its text's
-    natural audio length, capped at `max_audio_seconds` if given.
+    generator as the arrivals, so a seed fixes the whole workload, and cut to `max_text_chars` if given.
+    Each request asks for its text's natural audio length, capped at `max_audio_seconds` if given.
     """
     if rate_per_s <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be > 0")
-    draw = _request_drawer(rpc, seed, max_audio_seconds, language)
+    draw = _request_drawer(rpc, seed, max_audio_seconds, language, max_text_chars)
     generator = random.Random(seed)
     planned: list[PlannedRequest] = []
     start_s = generator.expovariate(rate_per_s)
@@ -65,18 +66,18 @@ def poisson_schedule(rate_per_s: float, duration_s: float, rpc: str, seed: int,
 
 
 def closed_loop_plan(num_requests: int, rpc: str, seed: int, max_audio_seconds: float | None = None,
-                     language: str | None = None) -> list[PlannedRequest]:
+                     language: str | None = None, max_text_chars: int | None = None) -> list[PlannedRequest]:
     """`num_requests` requests drawn as `poisson_schedule` draws them, with no arrival times (start_s 0): a closed
     loop sends each as soon as one of its slots is free."""
     if num_requests <= 0:
         raise ValueError("the number of requests must be > 0")
-    draw = _request_drawer(rpc, seed, max_audio_seconds, language)
+    draw = _request_drawer(rpc, seed, max_audio_seconds, language, max_text_chars)
     generator = random.Random(seed)
     return [draw(index, 0.0, generator) for index in range(num_requests)]
 
 
-def _request_drawer(rpc: str, seed: int, max_audio_seconds: float | None, language: str | None
-                    ) -> Callable[[int, float, random.Random], PlannedRequest]:
+def _request_drawer(rpc: str, seed: int, max_audio_seconds: float | None, language: str | None,
+                    max_text_chars: int | None) -> Callable[[int, float, random.Random], PlannedRequest]:
     if rpc not in (*RPC_KINDS, "mixed"):
         raise ValueError(f"rpc must be one of {(*RPC_KINDS, 'mixed')}, got {rpc!r}")
     candidates = [text for text in texts() if language is None or text.language == language]
@@ -84,7 +85,8 @@ def _request_drawer(rpc: str, seed: int, max_audio_seconds: float | None, langua
         raise ValueError(f"no texts in language {language!r}; have {sorted({t.language for t in texts()})}")
 
     def draw(index: int, start_s: float, generator: random.Random) -> PlannedRequest:
-        text = candidates[generator.randrange(len(candidates))]
+        drawn = candidates[generator.randrange(len(candidates))]
+        text = Text(drawn.text[:max_text_chars], drawn.language)
         kind = generator.choice(RPC_KINDS) if rpc == "mixed" else rpc
         audio_s = audio_seconds_for(text) if max_audio_seconds is None else min(max_audio_seconds,
                                                                                 audio_seconds_for(text))

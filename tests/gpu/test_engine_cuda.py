@@ -14,7 +14,8 @@ from tests.gpu.test_runner_cuda import refuse_host_syncs
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine
 from tts_service.engine.streams import SynthesisRequest, SynthesisSummary
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
+from tts_service.model.loading import load_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tts_service.model import fused_ops
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.layers import use_fused_kernels
+from tts_service.model.loading import load_model
+from tts_service.model.triton_utils import HAS_TRITON
 from tts_service.runner.frame_codes import predict_remaining_codebooks
 from tts_service.runner.frame_step import PagedPredictorCache, PredictorCache, predictor_memory
 from tts_service.runner.sampling import RowSampling
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fused_ops.HAS_TRITON),
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON),
                                 reason="needs a CUDA GPU and Triton")
 
 DEVICE = torch.device("cuda")
@@ -36,7 +38,7 @@ def test_paged_predictor_memory_predicts_the_copying_memorys_codes(temperature: 
     rows = RowSampling(torch.full((batch,), temperature, device=DEVICE), torch.full((batch,), 50, device=DEVICE),
                        torch.full((batch,), 1.0, device=DEVICE))
     draws = torch.arange(batch, device=DEVICE) * 16
-    paged = predictor_memory(talker, batch, torch.float32, DEVICE, use_kernels=True)
+    paged = predictor_memory(talker, batch, KernelPolicy.build(DEVICE, torch.float32))
     assert isinstance(paged, PagedPredictorCache)
     codes = [predict_remaining_codebooks(talker, hidden, code0, rows, seeds, draws, memory)
              for memory in (PredictorCache(talker, batch, torch.float32, DEVICE), paged)]

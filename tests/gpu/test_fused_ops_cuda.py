@@ -11,10 +11,12 @@ import torch.nn.functional as F
 from tts_service.model import fused_ops
 from tts_service.model.codec_decoder import CodecDecoder, _Attention, _WindowFrames
 from tts_service.model.configs import SpeechTokenizerConfig
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.layers import rope_cos_sin, rope_inverse_frequencies
 from tts_service.model.random_checkpoint import speech_tokenizer_config_dict
+from tts_service.model.triton_utils import HAS_TRITON
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fused_ops.HAS_TRITON),
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON),
                                 reason="needs a CUDA GPU and Triton")
 
 DEVICE = torch.device("cuda")
@@ -143,7 +145,7 @@ def test_one_channel_convolution_is_the_exact_convolution_to_fp32_rounding(lengt
     x = activations(3, length + (taps - 1) * dilation, channels, dtype=torch.float32)
     weight = activations(1, channels, taps, dtype=torch.float32, seed=1) / 30
     bias = activations(1, dtype=torch.float32, seed=2)
-    assert fused_ops.one_channel_convolution_applies(x, weight, bias)
+    assert KernelPolicy.one_channel_convolution_kernel(x, weight, bias)
     exact = torch.nn.functional.conv1d(x.double().transpose(1, 2), weight.double(), bias.double(),
                                        dilation=dilation).transpose(1, 2)
     fused = fused_ops.one_channel_convolution(x, weight, bias, dilation)
@@ -157,10 +159,10 @@ def test_one_channel_convolution_is_the_exact_convolution_to_fp32_rounding(lengt
 def test_one_channel_convolution_leaves_other_convolutions_to_cudnn() -> None:
     x = activations(2, 10, 96, dtype=torch.float32)
     bias = activations(1, dtype=torch.float32)
-    assert not fused_ops.one_channel_convolution_applies(x, activations(2, 96, 7, dtype=torch.float32), bias)
-    assert not fused_ops.one_channel_convolution_applies(x.half(), activations(1, 96, 7, dtype=torch.half),
+    assert not KernelPolicy.one_channel_convolution_kernel(x, activations(2, 96, 7, dtype=torch.float32), bias)
+    assert not KernelPolicy.one_channel_convolution_kernel(x.half(), activations(1, 96, 7, dtype=torch.half),
                                                          bias.half())
-    assert not fused_ops.one_channel_convolution_applies(x, activations(1, 96, 7, dtype=torch.float32), None)
+    assert not KernelPolicy.one_channel_convolution_kernel(x, activations(1, 96, 7, dtype=torch.float32), None)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -290,7 +292,7 @@ def test_qk_kernel_serves_slices_of_a_packed_projection(length: int) -> None:
     weight = activations(head_dim, seed=5)
     cos, sin = rope_cos_sin(rope_inverse_frequencies(head_dim, 1e6),
                             torch.arange(length, device=DEVICE).expand(batch, -1), torch.bfloat16)
-    assert fused_ops.qk_kernel_applies(q, k, weight, weight, cos, sin)
+    assert KernelPolicy.qk_norm_rope_kernel(q, k, weight, weight, cos, sin)
     for got, want in zip(fused_ops.qk_norm_rope(q, k, weight, weight, 1e-6, cos, sin),
                          fused_ops.qk_norm_rope(q.contiguous(), k.contiguous(), weight, weight, 1e-6, cos, sin),
                          strict=True):
@@ -339,7 +341,7 @@ def test_window_attention_kernel_equals_the_eager_codec_attention(num_kv_heads: 
         results.append((out, *rings))
     (eager, eager_keys, eager_values), (fused, fused_keys, fused_values) = results
     qkv = torch.nn.functional.linear(x, attention.qkv_weight)
-    assert fused_ops.window_attention_applies(qkv, cos, sin, keys, values)
+    assert KernelPolicy.window_attention_kernel(qkv, cos, sin, keys, values)
     torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
     assert torch.equal(fused_keys, eager_keys) and torch.equal(fused_values, eager_values)
 

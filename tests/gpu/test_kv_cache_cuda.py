@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tts_service.runner.kv_cache import HAS_TRITON, PagedDecodeBackend, PagedKVCache, PagedPrefillBackend
+from tts_service.model.triton_utils import HAS_TRITON
+from tts_service.runner.kv_cache import PagedDecodeBackend, PagedKVCache, PagedPrefillBackend
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON),
                                 reason="needs a CUDA GPU and Triton")

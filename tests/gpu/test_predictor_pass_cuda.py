@@ -12,16 +12,18 @@ import pytest
 import torch
 
 from tts_service.engine.config import EngineConfig
-from tts_service.model import fused_ops
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.layers import use_fused_kernels
+from tts_service.model.loading import load_model
 from tts_service.model.talker import Talker
+from tts_service.model.triton_utils import HAS_TRITON
 from tts_service.runner.frame_codes import predictor_hidden
 from tts_service.runner.frame_step import PagedPredictorCache, PredictorCache
 from tts_service.runner.predictor_pass import PredictorPass
 from tts_service.runner.runner import ModelRunner
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and fused_ops.HAS_TRITON),
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON),
                                 reason="needs a CUDA GPU and Triton")
 
 DEVICE = torch.device("cuda")
@@ -84,7 +86,9 @@ def test_one_call_replays_in_a_cuda_graph_and_serves_the_runners_one_or_two_rows
     runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
     one_call = runner.sampler.predictor_call
     assert isinstance(one_call, PredictorPass)
-    assert one_call.applies_to(1) and one_call.applies_to(2) and not one_call.applies_to(3)
+    assert runner.kernel_paths["predictor_pass_at_1_2_rows"]
+    assert KernelPolicy.predictor_pass_rows(1) and KernelPolicy.predictor_pass_rows(2)
+    assert not KernelPolicy.predictor_pass_rows(3)
     without = ModelRunner(model, replace(config, use_predictor_kernel=False).runner_config(
         model.speech_config.frame_rate_hz))
     assert without.sampler.predictor_call is None

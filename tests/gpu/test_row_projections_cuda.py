@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from tts_service.model import fused_ops, row_projections
 from tts_service.model.configs import DecoderLayerStack
 from tts_service.model.layers import DecoderLayer, use_fused_kernels
+from tts_service.model.triton_utils import HAS_TRITON
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and row_projections.HAS_TRITON),
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON),
                                 reason="needs a CUDA GPU and Triton")
 
 DEVICE = torch.device("cuda")

@@ -13,7 +13,8 @@ from benchmarks.frame_step import device_step_seconds, time_steps
 from tests.runner.test_runner import BLOCK_SIZE, assert_audio_in_flight_equals_one_shot, requests_for, run_staggered
 from tts_service.eager.generate import generate_codes
 from tts_service.engine.config import EngineConfig
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
+from tts_service.model.loading import load_model
 from tts_service.runner.runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

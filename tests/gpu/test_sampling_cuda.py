@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.runner.codebook0_case import Codebook0Case
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.runner import sampling_kernel
 from tts_service.runner.sampling import RowSampling, gumbel_noise, sample_eager
 
@@ -34,7 +35,7 @@ class Rows:
     draws: torch.Tensor
 
     def kernel_draws(self) -> torch.Tensor:
-        assert sampling_kernel.kernel_applies(self.scores)
+        assert KernelPolicy.sampling_kernel(self.scores)
         rows = self.sampling
         return sampling_kernel.sample_rows(self.scores, rows.temperature, rows.top_k, rows.top_p, self.seeds,
                                            self.draws)

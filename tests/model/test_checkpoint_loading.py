@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.reference import import_reference
-from tts_service.model.checkpoint import CheckpointError, LoadOptions, load_model, resolve_source
+from tts_service.model.checkpoint import CheckpointError, LoadOptions, resolve_source
+from tts_service.model.loading import load_model
 from tts_service.model.random_checkpoint import build_random_model, parse_preset
 
 CPU = LoadOptions(device=torch.device("cpu"), dtype=torch.float32)

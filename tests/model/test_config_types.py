@@ -15,8 +15,9 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from tts_service.model.checkpoint import CheckpointError, LoadOptions, load_model
+from tts_service.model.checkpoint import CheckpointError, LoadOptions
 from tts_service.model.configs import ConfigError
+from tts_service.model.loading import load_model
 
 CPU = LoadOptions(device=torch.device("cpu"), dtype=torch.float32)
 MODEL = "config.json"

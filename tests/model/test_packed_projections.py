@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
 from tts_service.model.layers import MLP, pack_weights, use_fused_kernels
+from tts_service.model.loading import load_model
 
 
 def test_packed_weights_are_the_projections_memory_and_compute_their_outputs() -> None:

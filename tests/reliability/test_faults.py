@@ -179,6 +179,8 @@ def test_sigterm_lets_streams_in_flight_finish_then_exits_cleanly(tmp_path: Path
             thread.join(timeout=60)
         assert server.process.wait(timeout=60) == 0
     assert outcomes == ["completed"] * 3
+    # Objects frozen at start-up and never given back outlive the interpreter, and Triton's bindings list each.
+    assert "nanobind: leaked" not in server.log_text()
 
 
 def engine_core_pid(server_pid: int) -> int:

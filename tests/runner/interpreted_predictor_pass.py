@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
 from tts_service.model.configs import ModelConfig, SpeechTokenizerConfig
+from tts_service.model.loading import load_model
 from tts_service.model.random_checkpoint import model_config_dict, random_modules, speech_tokenizer_config_dict
 from tts_service.model.talker import Talker
 from tts_service.runner.frame_codes import predictor_hidden

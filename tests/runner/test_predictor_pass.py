@@ -8,7 +8,9 @@ import torch
 
 from tests.runner.interpreted_predictor_pass import packed_talker
 from tests.runner.triton_interpreter import run_interpreted
-from tts_service.model.checkpoint import LoadOptions, load_model
+from tts_service.model.checkpoint import LoadOptions
+from tts_service.model.kernel_policy import KernelPolicy
+from tts_service.model.loading import load_model
 from tts_service.runner.predictor_pass import PredictorPass
 
 pytest.importorskip("triton")
@@ -46,8 +48,9 @@ def test_stacking_the_weights_leaves_the_modules_reading_the_same_values_in_plac
     assert predictor.lm_head[4].weight.data_ptr() == one_call.heads[4].data_ptr()
 
 
-def test_the_kernel_serves_only_half_precision_on_cuda() -> None:
+def test_the_kernel_covers_the_tiny_predictor_and_serves_only_half_precision_on_cuda() -> None:
     talker = load_model("random:tiny-custom_voice", LoadOptions(device=CPU, dtype=torch.float32)).talker
-    assert not PredictorPass.applies(talker, torch.bfloat16, CPU)
-    assert not PredictorPass.applies(talker, torch.float32, torch.device("cuda"))
-    assert PredictorPass.applies(talker, torch.bfloat16, torch.device("cuda"))
+    assert PredictorPass.covers(talker)
+    assert not KernelPolicy.build(CPU, torch.bfloat16).predictor_pass
+    assert not KernelPolicy.build("cuda", torch.float32).predictor_pass
+    assert KernelPolicy.build("cuda", torch.bfloat16).predictor_pass

@@ -12,9 +12,10 @@ from clients.loadgen.__main__ import main as loadgen_main
 from clients.loadgen.__main__ import read_report, write_report
 from clients.loadgen.report import peak_in_flight, percentile, summarize
 from clients.loadgen.run import RequestRecord
-from clients.loadgen.schedule import closed_loop_plan, poisson_schedule, texts
+from clients.loadgen.schedule import CHARACTERS_PER_SECOND, closed_loop_plan, poisson_schedule, texts
 from observability.playback import Stalls
-from tests.service.helpers import RunningServer
+from tests.service.helpers import RunningServer, start_server
+from tts_service.model.checkpoint import LoadedModel
 
 
 def test_the_poisson_schedule_is_seeded_and_open_loop() -> None:
@@ -79,6 +80,13 @@ def test_chinese_texts_ask_for_audio_at_a_mandarin_speaking_rate() -> None:
     # 4.5 characters a second: at the English rate a Chinese sentence would be cut to a third of its length.
     for request in poisson_schedule(20, 5, "mixed", seed=1, language="chinese"):
         assert request.max_audio_seconds == pytest.approx(max(0.16, len(request.text) / 4.5))
+
+
+def test_a_text_cut_to_the_character_limit_asks_for_the_audio_of_what_is_left() -> None:
+    for request in closed_loop_plan(30, "mixed", seed=2, max_text_chars=12):
+        assert len(request.text) <= 12
+        assert request.max_audio_seconds == pytest.approx(
+            max(0.16, len(request.text) / CHARACTERS_PER_SECOND[request.language]))
 
 
 NO_STALLS = Stalls()
@@ -156,6 +164,29 @@ def test_refused_requests_are_counted_by_status(custom_voice_server: RunningServ
     assert summary["num_completed"] == 0
     assert summary["errors_by_status"] == {"INVALID_ARGUMENT": summary["num_requests"]}
     assert all(record["time_to_first_audio_s"] is None for record in report["requests"])
+
+
+def test_the_loadgen_reads_the_servers_limits_and_keeps_every_request_inside_them(
+        tiny_models: dict[str, LoadedModel], tmp_path: Path) -> None:
+    max_audio_seconds, max_text_chars = 0.32, 24
+    unbounded = closed_loop_plan(6, "mixed", seed=5)
+    # Left to itself the generator would ask for more of both, and the server would refuse those calls.
+    assert any(len(request.text) > max_text_chars for request in unbounded)
+    assert any(request.max_audio_seconds > max_audio_seconds for request in unbounded)
+    server = start_server(tiny_models["custom_voice"], max_audio_seconds=max_audio_seconds,
+                          max_text_chars=max_text_chars)
+    out = tmp_path / "limits.json"
+    try:
+        assert loadgen_main(["--server", server.target, "--concurrency", "2", "--requests", "6", "--rpc", "mixed",
+                             "--seed", "5", "--out", str(out)]) == 0
+    finally:
+        server.stop()
+    report = json.loads(out.read_text())
+    assert report["settings"]["server_limits"] == {"max_audio_seconds": pytest.approx(max_audio_seconds),
+                                                   "max_text_chars": max_text_chars}
+    assert report["summary"]["num_completed"] == 6 and report["summary"]["errors_by_status"] == {}
+    for request in report["schedule"]:
+        assert len(request["text"]) <= max_text_chars and request["max_audio_seconds"] <= max_audio_seconds
 
 
 @pytest.mark.parametrize("name", ["report.json", "report.json.gz"])

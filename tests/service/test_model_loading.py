@@ -23,7 +23,8 @@ from tts_service.api.config import ServerConfig
 from tts_service.api.main import create_metrics
 from tts_service.engine import ModelInfo
 from tts_service.model import checkpoint
-from tts_service.model.checkpoint import CheckpointError, LoadedModel, LoadOptions, load_model
+from tts_service.model.checkpoint import CheckpointError, LoadedModel, LoadOptions
+from tts_service.model.loading import load_model
 from tts_service.model.sources import DEFAULT_MODEL
 
 EXIT_TIMEOUT_S = 120.0

@@ -10,7 +10,8 @@ import pytest
 
 from clients.qwen3_tts_client import Generation
 from tests.service.helpers import RYAN, RunningServer, start_server
-from tts_service.model.checkpoint import LoadedModel, LoadOptions, load_model
+from tts_service.model.checkpoint import LoadedModel, LoadOptions
+from tts_service.model.loading import load_model
 
 TEXT = "Hello from Qwen3-TTS."
 MAX_AUDIO_SECONDS = 8.0

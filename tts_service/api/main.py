@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, TypeVar
 
-from observability.gc_pauses import freeze_startup_objects, watch_pauses
+from observability.gc_pauses import freeze_startup_objects, thaw_startup_objects, watch_pauses
 from observability.logs import configure_logging
 from tts_service.api.config import ConfigError, ServerConfig, load_config
 
@@ -178,6 +178,7 @@ async def serve(config: ServerConfig) -> int:
             tracer.shutdown()
         if gc_watch is not None:
             gc.callbacks.remove(gc_watch)
+            thaw_startup_objects()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,8 @@ import torch
 
 from tts_service.audio.reference import ReferenceAudioError, decode_audio_file
 from tts_service.eager.synthesize import EagerSynthesizer
-from tts_service.model.checkpoint import CheckpointError, LoadedModel, LoadOptions, load_model
+from tts_service.model.checkpoint import CheckpointError, LoadedModel, LoadOptions
+from tts_service.model.loading import load_model
 from tts_service.model.prompts import PromptError, SynthesisInput
 from tts_service.model.sources import DEFAULT_MODEL, OFFLINE_FALLBACK_MODEL
 from tts_service.model.speech_length import estimated_speech_seconds

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from observability.gc_pauses import freeze_startup_objects, watch_pauses
+from observability.gc_pauses import freeze_startup_objects, thaw_startup_objects, watch_pauses
 from observability.logs import configure_logging
 from observability.metrics import StepObservation
 from tts_service.engine.config import EngineConfig
@@ -248,7 +249,7 @@ async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
     bridge = CoreBridge(engine, outbox)
     logger.info("the engine core froze %d start-up objects out of the garbage collector's walks",
                 freeze_startup_objects())
-    watch_pauses("engine core")
+    gc_watch = watch_pauses("engine core")
     engine.start()
     send(writer, Ready(engine.model_info, engine.captured_graph_batch_sizes(), engine.max_unread_frames,
                        engine.occupancy()))
@@ -267,6 +268,8 @@ async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
             await writer.drain()
             writer.close()
             await writer.wait_closed()
+        gc.callbacks.remove(gc_watch)
+        thaw_startup_objects()
     if stepping.done() and stepping.exception() is not None:  # the loop failed: the server sees the core exit
         raise SystemExit(1)
 

@@ -51,7 +51,8 @@ from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenizatio
 from tts_service.engine.voice_files import RegisteredVoice, VoiceShape
 from tts_service.engine.voice_store import VoiceLimits, VoiceNotFoundError, VoiceStore
 from tts_service.engine.warm_up import warm_up
-from tts_service.model.checkpoint import LoadedModel, LoadOptions, load_model
+from tts_service.model.checkpoint import LoadedModel, LoadOptions
+from tts_service.model.loading import load_model
 from tts_service.model.prompts import Prompt, PromptBuilder, PromptError, SynthesisInput, VoiceClone
 from tts_service.model.voice_clone import clone_voice
 from tts_service.runner.runner import AudioRestart, DecodeInput, ModelRunner, PendingStep, PrefillInput, StepInput
@@ -220,6 +221,7 @@ class Engine:
         """Load order: runner (KV allocation, graph capture), then a scheduler sized from it."""
         frame_rate_hz = model.speech_config.frame_rate_hz
         runner = ModelRunner(model, config.runner_config(frame_rate_hz))
+        logger.info("kernel paths: %s", runner.kernel_paths)
         prompts = PromptBuilder.for_tokenizer(model.config, model.tokenizer)
         tokenization = TextTokenization.for_tokenizer(model.tokenizer,
                                                       lambda text: prompts.assistant_token_ids(text)[1])

@@ -258,7 +258,7 @@ class EngineProcess:
 
     async def warm_up(self) -> bool:
         """The warm-up synthesis, from here: it crosses the socket as every request will."""
-        return await warm_up(self)  # type: ignore[arg-type]
+        return await warm_up(self)
 
     async def clone_voice(self, wav_24k: np.ndarray, reference_text: str | None, x_vector_only: bool) -> VoiceClone:
         return await self._call(EngineCalls.clone_voice, wav_24k, reference_text, x_vector_only)

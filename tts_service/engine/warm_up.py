@@ -14,15 +14,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tts_service.engine.model_info import ModelInfo
-from tts_service.engine.streams import SynthesisRequest
+from tts_service.engine.streams import RequestStream, SynthesisRequest
 from tts_service.model.prompts import SynthesisInput
 from tts_service.runner.params import GenerationParams
-
-if TYPE_CHECKING:
-    from tts_service.engine.engine import Engine
 
 logger = logging.getLogger(__name__)
 _WARM_UP_TEXT = "Hello, this is a warm-up."
@@ -38,7 +35,15 @@ def warm_up_input(model: ModelInfo) -> SynthesisInput | None:
     return None
 
 
-async def warm_up(engine: Engine) -> bool:
+class Submits(Protocol):
+    """What a warm-up needs of an engine, in this process or behind its core's socket."""
+
+    model_info: ModelInfo
+
+    async def submit(self, request: SynthesisRequest) -> RequestStream: ...
+
+
+async def warm_up(engine: Submits) -> bool:
     """Run the warm-up synthesis through the running engine to its end; False when the model has none."""
     synthesis = warm_up_input(engine.model_info)
     if synthesis is None:

@@ -1,9 +1,11 @@
 """Loading a Qwen3-TTS 12 Hz checkpoint in the published layout, strictly.
 
-A model source is a local directory, a Hugging Face repo id (downloaded with huggingface_hub),
-or `random:<preset>` (a random-weight model built in memory; see `random_checkpoint`).
-Every tensor in the files must be used, and every tensor the model needs must be present with
-the right shape; anything else fails with the tensor names.
+A checkpoint is a local directory or a Hugging Face repo id (downloaded with huggingface_hub); `loading.load_model`
+takes `random:<preset>` too. Every tensor in the files must be used, and every tensor the model needs must be present
+with the right shape; anything else fails with the tensor names.
+
+Random-weight models (`random_checkpoint`) are built by the same steps, through the public names here: `build_modules`
+makes fresh modules of a config's shapes, `finish_loading` casts them and makes the `LoadedModel`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class CheckpointError(RuntimeError):
 
 @dataclass(frozen=True)
 class LoadOptions:
+    """Where a model goes and in which dtypes: the talker's and encoders', and the codec decoder's own."""
+
     device: torch.device
     dtype: torch.dtype
     load_codec_encoder: bool = True
@@ -247,6 +251,8 @@ def cast_weights_(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 @dataclass(frozen=True)
 class ModelModules:
+    """A model's modules as built, fp32 and trainable: what `build_modules` makes and `finish_loading` takes."""
+
     talker: Talker
     speaker_encoder: SpeakerEncoder | None
     codec_decoder: CodecDecoder
@@ -271,6 +277,7 @@ def build_modules(config: ModelConfig, speech_config: SpeechTokenizerConfig, dev
 
 
 def load_checkpoint(directory: Path, options: LoadOptions, source: str | None = None) -> LoadedModel:
+    """The checkpoint in `directory`, strictly; `source` is the name the model goes by (the directory by default)."""
     check_files(directory)
     config = ModelConfig.parse(read_json(directory / "config.json"))
     speech_config = SpeechTokenizerConfig.parse(read_json(directory / "speech_tokenizer/config.json"))
@@ -310,6 +317,8 @@ def load_checkpoint(directory: Path, options: LoadOptions, source: str | None = 
 def finish_loading(source: str, config: ModelConfig, speech_config: SpeechTokenizerConfig,
                    generation_config: dict[str, Any], modules: ModelModules, tokenizer: Any,
                    options: LoadOptions, is_random: bool = False) -> LoadedModel:
+    """The last step of every load: `modules`, weights in place, cast to the dtypes of `options` and frozen for
+    inference, with what the runner needs beside them."""
     for module in (modules.talker, modules.speaker_encoder, modules.codec_encoder):
         if module is not None:
             cast_weights_(module, options.dtype).eval().requires_grad_(False)
@@ -327,13 +336,3 @@ def finish_loading(source: str, config: ModelConfig, speech_config: SpeechTokeni
         tokenizer=tokenizer,
         is_random=is_random,
     )
-
-
-def load_model(source: str, options: LoadOptions, cache_dir: str | None = None,
-               max_download_wait_s: float = 0.0) -> LoadedModel:
-    """Load a model from a directory, a Hugging Face repo id, or `random:<preset>`; exactly that model."""
-    if source.startswith("random:"):
-        from tts_service.model.random_checkpoint import build_random_model
-
-        return build_random_model(source.removeprefix("random:"), options)
-    return load_checkpoint(resolve_source(source, cache_dir, max_download_wait_s), options, source)

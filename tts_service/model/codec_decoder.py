@@ -23,6 +23,7 @@ from torch import nn
 
 from tts_service.model import fused_ops
 from tts_service.model.configs import CodecDecoderConfig
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.layers import (
     MLP,
     RMSNorm,
@@ -176,7 +177,7 @@ class CausalConv1d(_Convolution):
     def _convolve_with_filters(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         conv = self.conv
         if (self.is_fused and with_bias and conv.groups == 1
-                and fused_ops.one_channel_convolution_applies(x, conv.weight, conv.bias)):
+                and KernelPolicy.one_channel_convolution_kernel(x, conv.weight, conv.bias)):
             return fused_ops.one_channel_convolution(x, conv.weight, conv.bias, conv.dilation[0])  # type: ignore[arg-type]
         # A copy of the checkpoint's weight (126 MB over the released decoder in fp32), so that the parameter keeps
         # the checkpoint's layout for saving and for the reference's state dict.
@@ -456,7 +457,7 @@ class _Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
             qkv = F.linear(x, self.qkv_weight)
-            if self.is_fused and fused_ops.window_attention_applies(qkv, cos, sin, held_keys, held_values):
+            if self.is_fused and KernelPolicy.window_attention_kernel(qkv, cos, sin, held_keys, held_values):
                 return self.o_proj(fused_ops.window_attention(qkv, self.num_heads, cos, sin, frames.position,
                                                               held_keys, held_values, self.head_dim ** -0.5,
                                                               frames.ring_rows))

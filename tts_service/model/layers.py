@@ -16,6 +16,7 @@ from torch import nn
 from tts_service.model import fused_ops, row_projections
 from tts_service.model.configs import DecoderLayerStack
 from tts_service.model.fused_ops import apply_rope
+from tts_service.model.kernel_policy import KernelPolicy
 
 
 @runtime_checkable
@@ -135,7 +136,7 @@ class Attention(nn.Module):
             q = apply_rope(self.q_norm(q).transpose(1, 2), cos, sin)
             k = apply_rope(self.k_norm(k).transpose(1, 2), cos, sin)
         out = backend(self.layer_index, q, k, v).transpose(1, 2).reshape(batch, length, -1)
-        if self.is_fused and row_projections.applies(out, self.o_proj.weight, "plain"):
+        if self.is_fused and KernelPolicy.row_projection_kernel(out, self.o_proj.weight, "plain"):
             return row_projections.projection(out, self.o_proj.weight)
         return self.o_proj(out)
 
@@ -189,9 +190,9 @@ class DecoderLayer(nn.Module):
     def _takes_row_kernels(self, x: torch.Tensor) -> bool:
         attention, mlp = self.self_attn, self.mlp
         return (attention.is_fused and attention.qkv_weight is not None and mlp.gate_up_weight is not None
-                and row_projections.applies(x, attention.qkv_weight, "normed")
-                and row_projections.applies(x, mlp.gate_up_weight, "gated")
-                and row_projections.applies(x, mlp.down_proj.weight, "plain"))
+                and KernelPolicy.row_projection_kernel(x, attention.qkv_weight, "normed")
+                and KernelPolicy.row_projection_kernel(x, mlp.gate_up_weight, "gated")
+                and KernelPolicy.row_projection_kernel(x, mlp.down_proj.weight, "plain"))
 
     def _forward_rows(self, x: torch.Tensor, mlp_out: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                       backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,6 +268,6 @@ def use_fused_kernels(module: nn.Module, enabled: bool) -> int:
         if isinstance(child, RMSNorm | Attention | MLP):
             child.is_fused = enabled
             switched += 1
-        if enabled and isinstance(child, PacksProjections) and fused_ops.kernels_available(_device_of(child)):
+        if enabled and isinstance(child, PacksProjections) and KernelPolicy.runs_kernels(_device_of(child)):
             child.pack_projections()
     return switched

@@ -4,7 +4,8 @@ Real weights cannot be downloaded everywhere; random weights at the published sh
 speed is measured, and identical random weights loaded by both this service and the reference
 package are how fidelity is proven. A preset is `<size>-<model type>`: size `tiny`, `0.6b` or
 `1.7b`; type `custom_voice`, `voice_design` or `base`. The same builder writes a checkpoint
-directory in the published layout or builds the model in memory (`random:1.7b-base`).
+directory in the published layout or builds the model in memory (`random:1.7b-base`), in both cases with the
+loader's public steps (`checkpoint.build_modules`, `checkpoint.finish_loading`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import copy
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,10 @@ from tts_service.model.checkpoint import (
     ModelModules,
     build_modules,
     finish_loading,
-    load_text_tokenizer,
     needs_codec_encoder,
 )
 from tts_service.model.configs import MODEL_TYPES, ModelConfig, SpeechTokenizerConfig
-from tts_service.model.text_tokenizer import write_text_tokenizer
+from tts_service.model.text_tokenizer import load_text_tokenizer, write_text_tokenizer
 
 SIZES = ("tiny", "0.6b", "1.7b")
 WEIGHT_STD = 0.02
@@ -196,6 +197,7 @@ def randomize_(module: nn.Module, generator: torch.Generator, std: float = WEIGH
 
 def random_modules(config: ModelConfig, speech_config: SpeechTokenizerConfig, device: torch.device,
                    seed: int, with_codec_encoder: bool = True) -> ModelModules:
+    """Modules of the shapes `config` and `speech_config` give, with random weights drawn from `seed`."""
     modules = build_modules(config, speech_config, device, with_codec_encoder)
     generator = torch.Generator(device=device).manual_seed(seed)
     for module in (modules.talker, modules.speaker_encoder, modules.codec_decoder, modules.codec_encoder):
@@ -211,7 +213,6 @@ def write_random_checkpoint(directory: Path, preset: str, seed: int = 0) -> Path
     raw_speech = speech_tokenizer_config_dict(size)
     config = ModelConfig.parse(raw_config)
     speech_config = SpeechTokenizerConfig.parse(raw_speech)
-    # Every checkpoint ships the speech-tokenizer encoder, whatever its model type.
     # Every published checkpoint ships the speech-tokenizer encoder, whatever its model type.
     modules = random_modules(config, speech_config, torch.device("cpu"), seed, with_codec_encoder=True)
     directory.mkdir(parents=True, exist_ok=True)
@@ -238,8 +239,6 @@ def build_random_model(preset: str, options: LoadOptions, seed: int = 0) -> Load
 
     Values match a written checkpoint of the same seed only when built on the CPU.
     """
-    import tempfile
-
     size, model_type = parse_preset(preset)
     config = ModelConfig.parse(model_config_dict(size, model_type))
     speech_config = SpeechTokenizerConfig.parse(speech_tokenizer_config_dict(size))

@@ -22,22 +22,14 @@ makes it differ. On an H100 a 1.7B talker layer's four calls take 46 us at one r
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
-try:  # Triton is optional: the CPU build and CI have none, and the eager path needs none.
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - depends on the environment
-    HAS_TRITON = False
+from tts_service.model.triton_utils import gdc_launch_dependents, gdc_wait, launches_early, tl, triton
 
 # The most rows (streams times tokens) these kernels take, the sizes they were tuned and measured at; larger
-# batches keep cuBLAS.
+# batches keep cuBLAS (`kernel_policy.KernelPolicy.row_projection_kernel` decides).
 MAX_ROWS = 2
 _MIN_CHUNK = 64
 
@@ -68,19 +60,6 @@ def default_tiling(kind: str, num_rows: int, width: int) -> Tiling:
     return _TILINGS[kind, num_rows]
 
 
-def applies(x: torch.Tensor, weight: torch.Tensor, kind: str) -> bool:
-    """Whether the `kind` kernel ("normed", "gated" or "plain") serves a step whose activations are like x [..., *]
-    with weight [N, K]: CUDA with Triton, half precision, at most MAX_ROWS rows, and widths its tiles divide."""
-    num_rows = _num_rows(x) if x.dim() else 0
-    if not (HAS_TRITON and x.is_cuda and 1 <= num_rows <= MAX_ROWS):
-        return False
-    tiling = default_tiling(kind, num_rows, weight.shape[1])
-    out_width = weight.shape[0] // 2 if kind == "gated" else weight.shape[0]
-    return (x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype and x.stride(-1) == 1
-            and weight.dim() == 2 and weight.is_contiguous() and out_width % tiling.tile_rows == 0
-            and weight.shape[1] % _chunk_for(weight.shape[1], tiling) == 0)
-
-
 def normed_projection(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                       weight: torch.Tensor, tiling: Tiling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, RMSNorm(x + delta) @ weight.T) for x [..., K]; without delta, (x, RMSNorm(x) @ weight.T)."""
@@ -106,18 +85,11 @@ def projection(x: torch.Tensor, weight: torch.Tensor, tiling: Tiling | None = No
                    tiling=tiling or default_tiling("plain", _num_rows(x), x.shape[-1]))
 
 
-@functools.cache
-def launches_early(device: torch.device) -> bool:
-    """Whether the kernels launch as programmatic dependents (Hopper and later): a projection's programs may
-    start while the kernel before it finishes, load their first weights, and wait for its outputs only then."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
-
-
 def _num_rows(x: torch.Tensor) -> int:
     return x.numel() // x.shape[-1]
 
 
-def _chunk_for(width: int, tiling: Tiling) -> int:
+def chunk_for(width: int, tiling: Tiling) -> int:
     """The tiling's chunk, halved until it divides the width (a power of two, as Triton's ranges must be)."""
     chunk = tiling.chunk
     while chunk > _MIN_CHUNK and width % chunk:
@@ -137,83 +109,83 @@ def _launch(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tens
         x_rows, delta_rows, norm_weight if norm_weight is not None else weight, weight, out, total,
         x_rows.stride(0), delta_rows.stride(0), batch, eps,
         N=out_width, K=width, HAS_DELTA=delta is not None, HAS_NORM=norm_weight is not None, GATED=gated,
-        BLOCK_B=triton.next_power_of_2(batch), TILE_ROWS=tiling.tile_rows, CHUNK=_chunk_for(width, tiling),
+        BLOCK_B=triton.next_power_of_2(batch), TILE_ROWS=tiling.tile_rows, CHUNK=chunk_for(width, tiling),
         LAUNCHES_EARLY=early, num_warps=tiling.num_warps, launch_pdl=early)
     return out
 
 
-if HAS_TRITON:
+@triton.jit
+def _input_chunk(x_ptr, delta_ptr, x_stride, delta_stride, start, batch, HAS_DELTA: tl.constexpr,
+                 BLOCK_B: tl.constexpr, CHUNK: tl.constexpr):
+    """Columns start.. of x (+ delta, the sum rounded first, as a separate add writes it) -> [BLOCK_B, CHUNK]."""
+    batch_rows = tl.arange(0, BLOCK_B)[:, None]
+    cols = start + tl.arange(0, CHUNK)[None, :]
+    x = tl.load(x_ptr + batch_rows * x_stride + cols, mask=batch_rows < batch, other=0.0)
+    if HAS_DELTA:
+        delta = tl.load(delta_ptr + batch_rows * delta_stride + cols, mask=batch_rows < batch, other=0.0)
+        x = (x.to(tl.float32) + delta.to(tl.float32)).to(x.dtype)
+    return x
 
-    @triton.jit
-    def _input_chunk(x_ptr, delta_ptr, x_stride, delta_stride, start, batch, HAS_DELTA: tl.constexpr,
-                     BLOCK_B: tl.constexpr, CHUNK: tl.constexpr):
-        """Columns start.. of x (+ delta, the sum rounded first, as a separate add writes it) -> [BLOCK_B, CHUNK]."""
-        batch_rows = tl.arange(0, BLOCK_B)[:, None]
-        cols = start + tl.arange(0, CHUNK)[None, :]
-        x = tl.load(x_ptr + batch_rows * x_stride + cols, mask=batch_rows < batch, other=0.0)
-        if HAS_DELTA:
-            delta = tl.load(delta_ptr + batch_rows * delta_stride + cols, mask=batch_rows < batch, other=0.0)
-            x = (x.to(tl.float32) + delta.to(tl.float32)).to(x.dtype)
-        return x
 
-    @triton.jit
-    def _weight_chunk(w_ptr, row0, start, K: tl.constexpr, TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
-        rows = row0 + tl.arange(0, TILE_ROWS)
-        cols = start + tl.arange(0, CHUNK)
-        return tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], eviction_policy="evict_first")
+@triton.jit
+def _weight_chunk(w_ptr, row0, start, K: tl.constexpr, TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr):
+    rows = row0 + tl.arange(0, TILE_ROWS)
+    cols = start + tl.arange(0, CHUNK)
+    return tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], eviction_policy="evict_first")
 
-    @triton.jit
-    def _row_projection_kernel(x_ptr, delta_ptr, norm_ptr, w_ptr, out_ptr, total_ptr, x_stride, delta_stride,
-                               batch, eps, N: tl.constexpr, K: tl.constexpr, HAS_DELTA: tl.constexpr,
-                               HAS_NORM: tl.constexpr, GATED: tl.constexpr, BLOCK_B: tl.constexpr,
-                               TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr, LAUNCHES_EARLY: tl.constexpr):
-        program = tl.program_id(0)
-        dtype = out_ptr.dtype.element_ty
-        row0 = program * TILE_ROWS
-        batch_rows = tl.arange(0, BLOCK_B)
-        # The first weights leave before the norm's pass over the input, which then overlaps their round trip.
-        first = _weight_chunk(w_ptr, row0, 0, K, TILE_ROWS, CHUNK)
-        if GATED:
-            first_up = _weight_chunk(w_ptr, N + row0, 0, K, TILE_ROWS, CHUNK)
-        if LAUNCHES_EARLY:
-            # The weights depend on no kernel: only what follows waits for the kernel before to finish. Once every
-            # program has started, the kernel after may start too (and load its own weights).
-            gdc_launch_dependents()
-            gdc_wait()
-        inverse_rms = tl.zeros([BLOCK_B], tl.float32)
-        if HAS_NORM:
-            squares = tl.zeros([BLOCK_B], tl.float32)
-            for start in tl.static_range(0, K, CHUNK):
-                x = _input_chunk(x_ptr, delta_ptr, x_stride, delta_stride, start, batch, HAS_DELTA, BLOCK_B,
-                                 CHUNK)
-                if HAS_DELTA and program == 0:
-                    cols = start + tl.arange(0, CHUNK)
-                    tl.store(total_ptr + batch_rows[:, None] * K + cols[None, :], x, mask=batch_rows[:, None] < batch)
-                x32 = x.to(tl.float32)
-                squares += tl.sum(x32 * x32, axis=1)
-            inverse_rms = tl.rsqrt(squares / K + eps)
 
-        acc = tl.zeros([BLOCK_B, TILE_ROWS, CHUNK], tl.float32)
-        if GATED:
-            acc_up = tl.zeros([BLOCK_B, TILE_ROWS, CHUNK], tl.float32)
+@triton.jit
+def _row_projection_kernel(x_ptr, delta_ptr, norm_ptr, w_ptr, out_ptr, total_ptr, x_stride, delta_stride,
+                           batch, eps, N: tl.constexpr, K: tl.constexpr, HAS_DELTA: tl.constexpr,
+                           HAS_NORM: tl.constexpr, GATED: tl.constexpr, BLOCK_B: tl.constexpr,
+                           TILE_ROWS: tl.constexpr, CHUNK: tl.constexpr, LAUNCHES_EARLY: tl.constexpr):
+    program = tl.program_id(0)
+    dtype = out_ptr.dtype.element_ty
+    row0 = program * TILE_ROWS
+    batch_rows = tl.arange(0, BLOCK_B)
+    # The first weights leave before the norm's pass over the input, which then overlaps their round trip.
+    first = _weight_chunk(w_ptr, row0, 0, K, TILE_ROWS, CHUNK)
+    if GATED:
+        first_up = _weight_chunk(w_ptr, N + row0, 0, K, TILE_ROWS, CHUNK)
+    if LAUNCHES_EARLY:
+        # The weights depend on no kernel: only what follows waits for the kernel before to finish. Once every
+        # program has started, the kernel after may start too (and load its own weights).
+        gdc_launch_dependents()
+        gdc_wait()
+    inverse_rms = tl.zeros([BLOCK_B], tl.float32)
+    if HAS_NORM:
+        squares = tl.zeros([BLOCK_B], tl.float32)
         for start in tl.static_range(0, K, CHUNK):
-            w = first if start == 0 else _weight_chunk(w_ptr, row0, start, K, TILE_ROWS, CHUNK)
             x = _input_chunk(x_ptr, delta_ptr, x_stride, delta_stride, start, batch, HAS_DELTA, BLOCK_B,
-                             CHUNK).to(tl.float32)
-            if HAS_NORM:
-                # As the norm kernel rounds: the normalised row, then the weighted one.
-                norm_weight = tl.load(norm_ptr + start + tl.arange(0, CHUNK)).to(tl.float32)
-                x = ((x * inverse_rms[:, None]).to(dtype).to(tl.float32) * norm_weight[None, :]).to(dtype)
-                x = x.to(tl.float32)
-            acc += w.to(tl.float32)[None, :, :] * x[:, None, :]
-            if GATED:
-                w_up = first_up if start == 0 else _weight_chunk(w_ptr, N + row0, start, K, TILE_ROWS, CHUNK)
-                acc_up += w_up.to(tl.float32)[None, :, :] * x[:, None, :]
+                             CHUNK)
+            if HAS_DELTA and program == 0:
+                cols = start + tl.arange(0, CHUNK)
+                tl.store(total_ptr + batch_rows[:, None] * K + cols[None, :], x, mask=batch_rows[:, None] < batch)
+            x32 = x.to(tl.float32)
+            squares += tl.sum(x32 * x32, axis=1)
+        inverse_rms = tl.rsqrt(squares / K + eps)
 
-        out = tl.sum(acc, axis=2).to(dtype)
+    acc = tl.zeros([BLOCK_B, TILE_ROWS, CHUNK], tl.float32)
+    if GATED:
+        acc_up = tl.zeros([BLOCK_B, TILE_ROWS, CHUNK], tl.float32)
+    for start in tl.static_range(0, K, CHUNK):
+        w = first if start == 0 else _weight_chunk(w_ptr, row0, start, K, TILE_ROWS, CHUNK)
+        x = _input_chunk(x_ptr, delta_ptr, x_stride, delta_stride, start, batch, HAS_DELTA, BLOCK_B,
+                         CHUNK).to(tl.float32)
+        if HAS_NORM:
+            # As the norm kernel rounds: the normalised row, then the weighted one.
+            norm_weight = tl.load(norm_ptr + start + tl.arange(0, CHUNK)).to(tl.float32)
+            x = ((x * inverse_rms[:, None]).to(dtype).to(tl.float32) * norm_weight[None, :]).to(dtype)
+            x = x.to(tl.float32)
+        acc += w.to(tl.float32)[None, :, :] * x[:, None, :]
         if GATED:
-            gate = out.to(tl.float32)
-            up = tl.sum(acc_up, axis=2).to(dtype).to(tl.float32)
-            out = ((gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up).to(dtype)
-        rows = row0 + tl.arange(0, TILE_ROWS)
-        tl.store(out_ptr + batch_rows[:, None] * N + rows[None, :], out, mask=batch_rows[:, None] < batch)
+            w_up = first_up if start == 0 else _weight_chunk(w_ptr, N + row0, start, K, TILE_ROWS, CHUNK)
+            acc_up += w_up.to(tl.float32)[None, :, :] * x[:, None, :]
+
+    out = tl.sum(acc, axis=2).to(dtype)
+    if GATED:
+        gate = out.to(tl.float32)
+        up = tl.sum(acc_up, axis=2).to(dtype).to(tl.float32)
+        out = ((gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up).to(dtype)
+    rows = row0 + tl.arange(0, TILE_ROWS)
+    tl.store(out_ptr + batch_rows[:, None] * N + rows[None, :], out, mask=batch_rows[:, None] < batch)

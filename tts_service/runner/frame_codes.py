@@ -7,15 +7,9 @@ from typing import Protocol
 
 import torch
 
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.talker import Talker
-from tts_service.runner.sampling import (
-    RowSampling,
-    draws_in_kernel,
-    gumbel_noise,
-    penalize_repetitions,
-    sample,
-    sample_and_embed,
-)
+from tts_service.runner.sampling import TORCH_SAMPLER, RowSampling, Sampler, gumbel_noise, penalize_repetitions
 
 # The top of the codec vocabulary holds control ids the talker must never emit (EOS excepted).
 NUM_SUPPRESSED_IDS = 1024
@@ -63,22 +57,22 @@ class CodebookLogits(Protocol):
     """A whole predictor call in one: a codebook's inputs [B, T, talker width] in (the frame's first two tokens
     for codebook 1, else the previous codebook's embedding), the logits of each stream's last token out."""
 
-    def applies_to(self, num_rows: int) -> bool: ...
-
     def logits(self, codebook: int, inputs: torch.Tensor) -> torch.Tensor: ...
 
 
 def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, code0: torch.Tensor,
                                 rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
                                 memory: PredictorMemory, one_call: CodebookLogits | None = None,
-                                code0_embedding: torch.Tensor | None = None) -> torch.Tensor:
+                                code0_embedding: torch.Tensor | None = None,
+                                sampler: Sampler = TORCH_SAMPLER) -> torch.Tensor:
     """Run the code predictor for one frame: [B] codebook 0 -> [B, G-1] codebooks 1..G-1.
 
     The sequence is [talker hidden, embed(code 0)] at positions 0-1, then one code per step. `one_call`, where
-    it applies to a call's rows (streams times tokens), computes that codebook in place of the layer-by-layer
-    chain, with the same memory. `draws` [B] is each row's draw index for codebook 0 (codebook g draws at
-    draws + g), or [B, G-1] the draw indices of codebooks 1..G-1 where the caller laid them out;
-    `code0_embedding` is code 0's embedding where the caller has it already.
+    `KernelPolicy.predictor_pass_rows` takes a call's rows (streams times tokens), computes that codebook in place
+    of the layer-by-layer chain, with the same memory. `draws` [B] is each row's draw index for codebook 0
+    (codebook g draws at draws + g), or [B, G-1] the draw indices of codebooks 1..G-1 where the caller laid them
+    out; `code0_embedding` is code 0's embedding where the caller has it already. `sampler` draws the codes: the
+    torch chain unless the caller hands the runner's kernels.
     """
     predictor = talker.code_predictor
     if code0_embedding is None:
@@ -93,19 +87,19 @@ def predict_remaining_codebooks(talker: Talker, talker_hidden: torch.Tensor, cod
     codes: list[torch.Tensor] = []
     rope: tuple[torch.Tensor, torch.Tensor] | None = None  # made where the chain runs (some eight kernels)
     for codebook in range(1, num_groups):
-        if one_call is not None and one_call.applies_to(inputs.shape[0] * inputs.shape[1]):
+        if one_call is not None and KernelPolicy.predictor_pass_rows(inputs.shape[0] * inputs.shape[1]):
             scores = one_call.logits(codebook, inputs)
         else:
             rope = rope or predictor.rope_table(num_groups, inputs.dtype)
             scores = predictor.logits(codebook, predictor_hidden(talker, codebook, inputs, rope, memory)).float()
-        if gumbel is None and not draws_in_kernel(scores):
+        if gumbel is None and not sampler.makes_own_noise(scores):
             gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
         noise = None if gumbel is None else gumbel[:, codebook - 1]
         if codebook + 1 < num_groups:
-            code, embedded = sample_and_embed(scores, rows, seeds, draws[:, codebook - 1],
-                                              predictor.embedding_table(codebook), noise)
+            code, embedded = sampler.sample_and_embed(scores, rows, seeds, draws[:, codebook - 1],
+                                                      predictor.embedding_table(codebook), noise)
             inputs = embedded[:, None]
         else:
-            code = sample(scores, rows, seeds, draws[:, codebook - 1], noise)
+            code = sampler.sample(scores, rows, seeds, draws[:, codebook - 1], noise)
         codes.append(code)
     return torch.stack(codes, dim=1)

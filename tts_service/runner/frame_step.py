@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.layers import repeat_kv
 from tts_service.model.talker import Talker
 from tts_service.runner.frame_codes import (
@@ -21,11 +22,11 @@ from tts_service.runner.frame_codes import (
     process_codebook0_logits,
     suppressed_ids_mask,
 )
-from tts_service.runner.kv_cache import PagedKVCache, decode_attention_triton, store_kv_triton, triton_supported
+from tts_service.runner.kv_cache import PagedKVCache, decode_attention_triton, store_kv_triton
 from tts_service.runner.params import GenerationParams
 from tts_service.runner.predictor_pass import PredictorPass
-from tts_service.runner.sampling import RowSampling, sample
-from tts_service.runner.sampling_kernel import SlotTensors, codebook0_kernel_applies, sample_codebook0
+from tts_service.runner.sampling import RowSampling
+from tts_service.runner.sampling_kernel import KernelSampler, SlotTensors, sample_codebook0
 
 
 def queued_upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -101,21 +102,19 @@ class PagedPredictorCache:
                                               is_causal=True)
 
 
-def predictor_memory(talker: Talker, max_batch_size: int, dtype: torch.dtype, device: torch.device,
-                     use_kernels: bool) -> PredictorMemory:
-    """The paged memory where the Triton kernels serve its shapes, else the copying one (the CPU path)."""
-    if use_kernels:
-        paged = PagedPredictorCache(talker, max_batch_size, dtype, device)
-        if triton_supported(paged.cache):
-            return paged
-    return PredictorCache(talker, max_batch_size, dtype, device)
+def predictor_memory(talker: Talker, max_batch_size: int, kernels: KernelPolicy) -> PredictorMemory:
+    """The paged memory where the fused path is on and the attention kernels serve its shapes, else the copying
+    one (the CPU path)."""
+    head_dim = talker.config.code_predictor.head_dim
+    if kernels.fused and KernelPolicy.decode_attention_kernel(kernels.device, kernels.dtype, head_dim):
+        return PagedPredictorCache(talker, max_batch_size, kernels.dtype, kernels.device)
+    return PredictorCache(talker, max_batch_size, kernels.dtype, kernels.device)
 
 
-def predictor_call(talker: Talker, memory: PredictorMemory, dtype: torch.dtype,
-                   device: torch.device) -> CodebookLogits | None:
-    """The one-kernel predictor call for small batches, where the paged memory's kernels run and it serves the
-    predictor's shapes; None elsewhere (the layer-by-layer chain then runs at every batch)."""
-    if not isinstance(memory, PagedPredictorCache) or not PredictorPass.applies(talker, dtype, device):
+def predictor_call(talker: Talker, memory: PredictorMemory, kernels: KernelPolicy) -> CodebookLogits | None:
+    """The one-kernel predictor call for small batches, where the policy runs it, the memory is paged and the
+    kernel covers the predictor's shapes; None elsewhere (the layer-by-layer chain then runs at every batch)."""
+    if not (kernels.predictor_pass and isinstance(memory, PagedPredictorCache) and PredictorPass.covers(talker)):
         return None
     return PredictorPass(talker, memory.cache.storage)
 
@@ -187,7 +186,8 @@ class SlotState:
 
 
 class FrameSampler:
-    """Talker hidden state -> a whole frame: codebook 0 from the talker head, the rest from the predictor."""
+    """Talker hidden state -> a whole frame: codebook 0 from the talker head, the rest from the predictor; each draw
+    by a sampling kernel where `KernelPolicy` says one runs."""
 
     def __init__(self, talker: Talker, state: SlotState, predictor_cache: PredictorMemory,
                  predictor_call: CodebookLogits | None = None) -> None:
@@ -195,6 +195,7 @@ class FrameSampler:
         self.state = state
         self.predictor_cache = predictor_cache
         self.predictor_call = predictor_call
+        self.sampling = KernelSampler()
         self.suppressed = suppressed_ids_mask(talker)
         self.num_groups = talker.config.num_code_groups
         self.slot_tensors = state.slot_tensors()
@@ -203,25 +204,25 @@ class FrameSampler:
         state = self.state
         talker = self.talker
         logits = talker.logits(hidden)
-        if codebook0_kernel_applies(logits):
+        if KernelPolicy.codebook0_kernel(logits):
             drawn = sample_codebook0(logits, slots, frame_index, self.slot_tensors, self.suppressed,
                                      talker.config.codec_eos_id, self.num_groups, talker.codec_embedding_table())
             code0 = drawn.codes
             rest = predict_remaining_codebooks(
                 talker, hidden, code0,
                 RowSampling(drawn.predictor_temperature, drawn.predictor_top_k, drawn.predictor_top_p), drawn.seeds,
-                drawn.draws, self.predictor_cache, self.predictor_call, drawn.embedding)
+                drawn.draws, self.predictor_cache, self.predictor_call, drawn.embedding, sampler=self.sampling)
         else:
             scores = process_codebook0_logits(logits, state.seen[slots], state.repetition_penalty[slots],
                                               self.suppressed, frame_index < state.min_frames[slots],
                                               talker.config.codec_eos_id)
             seeds = state.seeds[slots]
             draws = frame_index * self.num_groups
-            code0 = sample(scores, state.talker_rows(slots), seeds, draws)
+            code0 = self.sampling.sample(scores, state.talker_rows(slots), seeds, draws)
             # A device-side value: a Python scalar here would be a host copy, which graph capture forbids.
             state.seen.index_put_((slots, code0), torch.ones_like(code0, dtype=torch.bool))
             rest = predict_remaining_codebooks(talker, hidden, code0, state.predictor_rows(slots), seeds, draws,
-                                               self.predictor_cache, self.predictor_call)
+                                               self.predictor_cache, self.predictor_call, sampler=self.sampling)
         frame = torch.cat([code0[:, None], rest], dim=1)
         state.last_frame[slots] = frame
         return frame

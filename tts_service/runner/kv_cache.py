@@ -32,17 +32,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.layers import repeat_kv
-from tts_service.model.row_projections import launches_early
-
-try:  # Triton is optional: the CPU build and CI have none, and the torch path needs none.
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - depends on the environment
-    HAS_TRITON = False
+from tts_service.model.triton_utils import gdc_launch_dependents, gdc_wait, launches_early, tl, triton
 
 Implementation = Literal["auto", "triton", "torch"]
 
@@ -173,218 +165,214 @@ def decode_attention_torch(layer_cache: torch.Tensor, query: torch.Tensor, block
 # Triton path (CUDA only).
 # ---------------------------------------------------------------------------------------------
 
-if HAS_TRITON:
 
-    @triton.jit
-    def _cache_slot(block_tables_ptr, row, position, head, stride_table_row, max_blocks, scratch_block,
-                    stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE: tl.constexpr):
-        """Where a row's token at `position` lives for one kv head; past the row's table, the scratch block."""
-        block_index = position // BLOCK_SIZE
-        in_range = block_index < max_blocks
-        block = tl.load(block_tables_ptr + row.to(tl.int64) * stride_table_row
-                        + tl.minimum(block_index, max_blocks - 1))
-        block = tl.where(in_range, block, scratch_block)
-        return (block.to(tl.int64) * stride_cache_block
-                + (position % BLOCK_SIZE).to(tl.int64) * stride_cache_slot + head * stride_cache_head)
+@triton.jit
+def _cache_slot(block_tables_ptr, row, position, head, stride_table_row, max_blocks, scratch_block,
+                stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE: tl.constexpr):
+    """Where a row's token at `position` lives for one kv head; past the row's table, the scratch block."""
+    block_index = position // BLOCK_SIZE
+    in_range = block_index < max_blocks
+    block = tl.load(block_tables_ptr + row.to(tl.int64) * stride_table_row
+                    + tl.minimum(block_index, max_blocks - 1))
+    block = tl.where(in_range, block, scratch_block)
+    return (block.to(tl.int64) * stride_cache_block
+            + (position % BLOCK_SIZE).to(tl.int64) * stride_cache_slot + head * stride_cache_head)
 
-    @triton.jit
-    def _store_kv_kernel(key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, positions_ptr,
-                         stride_kb, stride_kh, stride_vb, stride_vh,
-                         stride_cache_block, stride_cache_slot, stride_cache_head,
-                         stride_table_row, max_blocks, scratch_block,
-                         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-        row = tl.program_id(0)
-        head = tl.program_id(1)
-        slot = _cache_slot(block_tables_ptr, row, tl.load(positions_ptr + row), head, stride_table_row, max_blocks,
-                           scratch_block, stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE)
-        dims = tl.arange(0, HEAD_DIM)
-        key = tl.load(key_ptr + row.to(tl.int64) * stride_kb + head * stride_kh + dims)
-        value = tl.load(value_ptr + row.to(tl.int64) * stride_vb + head * stride_vh + dims)
-        tl.store(key_cache_ptr + slot + dims, key)
-        tl.store(value_cache_ptr + slot + dims, value)
 
-    @triton.jit
-    def _split_tiles(position, split, max_blocks, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-                     NUM_SPLITS: tl.constexpr):
-        """The row's context and the tiles [first, last) of it that this split attends."""
-        # Clamping to the table's span keeps a bad position from reading past the row's table.
-        context = tl.minimum(position + 1, max_blocks * BLOCK_SIZE).to(tl.int32)
-        num_tiles = tl.cdiv(context, TILE)
-        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-        first_tile = split * tiles_per_split
-        return context, first_tile, tl.minimum(first_tile + tiles_per_split, num_tiles)
+@triton.jit
+def _store_kv_kernel(key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, positions_ptr,
+                     stride_kb, stride_kh, stride_vb, stride_vh,
+                     stride_cache_block, stride_cache_slot, stride_cache_head,
+                     stride_table_row, max_blocks, scratch_block,
+                     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    slot = _cache_slot(block_tables_ptr, row, tl.load(positions_ptr + row), head, stride_table_row, max_blocks,
+                       scratch_block, stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE)
+    dims = tl.arange(0, HEAD_DIM)
+    key = tl.load(key_ptr + row.to(tl.int64) * stride_kb + head * stride_kh + dims)
+    value = tl.load(value_ptr + row.to(tl.int64) * stride_vb + head * stride_vh + dims)
+    tl.store(key_cache_ptr + slot + dims, key)
+    tl.store(value_cache_ptr + slot + dims, value)
 
-    @triton.jit
-    def _tile_slots(table_row, tile, context, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
-                    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
-        """A tile's tokens, which of them are inside the context, and where their keys (and values) lie."""
-        dims = tl.arange(0, HEAD_DIM)
-        tokens = tile * TILE + tl.arange(0, TILE)
-        valid = tokens < context
-        blocks = tl.load(table_row + tokens // BLOCK_SIZE, mask=valid, other=0)
-        slots = (blocks.to(tl.int64) * stride_cache_block
-                 + (tokens % BLOCK_SIZE).to(tl.int64) * stride_cache_slot + kv_head * stride_cache_head)
-        return tokens, valid, slots[:, None] + dims[None, :]
 
-    @triton.jit
-    def _attend_tile(query, tokens, valid, addresses, key_cache_ptr, value_cache_ptr, keys_ahead, values_ahead,
-                     position, new_key, new_value, running_max, running_sum, acc, scale_log2,
-                     DOT_PRECISION: tl.constexpr, AHEAD: tl.constexpr):
-        """One tile into the online softmax; the row's new key and value stand in for its slot's old contents.
-        With AHEAD the tile's keys and values were loaded already; else each loads here, the values after the
-        keys are in hand (loading both first made 256 rows 3.5% slower: BENCHMARKS.md at 2dbe081)."""
-        is_new = (tokens == position)[:, None]
-        keys = keys_ahead if AHEAD else tl.load(key_cache_ptr + addresses, mask=valid[:, None], other=0.0)
-        keys = tl.where(is_new, new_key[None, :], keys)
-        values = values_ahead if AHEAD else tl.load(value_cache_ptr + addresses, mask=valid[:, None], other=0.0)
-        values = tl.where(is_new, new_value[None, :], values)
-        scores = tl.dot(query, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, 1))
-        rescale = tl.exp2(running_max - new_max)
-        probabilities = tl.exp2(scores - new_max[:, None])
-        running_sum = running_sum * rescale + tl.sum(probabilities, 1)
-        acc = acc * rescale[:, None] + tl.dot(probabilities.to(values.dtype), values, input_precision=DOT_PRECISION)
-        return new_max, running_sum, acc
+@triton.jit
+def _split_tiles(position, split, max_blocks, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                 NUM_SPLITS: tl.constexpr):
+    """The row's context and the tiles [first, last) of it that this split attends."""
+    # Clamping to the table's span keeps a bad position from reading past the row's table.
+    context = tl.minimum(position + 1, max_blocks * BLOCK_SIZE).to(tl.int32)
+    num_tiles = tl.cdiv(context, TILE)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    first_tile = split * tiles_per_split
+    return context, first_tile, tl.minimum(first_tile + tiles_per_split, num_tiles)
 
-    @triton.jit
-    def _decode_attention_kernel(query_ptr, key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr,
-                                 positions_ptr, out_ptr, lse_ptr, combined_ptr, arrivals_ptr,
-                                 stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
-                                 stride_cache_block, stride_cache_slot, stride_cache_head,
-                                 stride_table_row,
-                                 stride_ob, stride_oh, stride_osplit,
-                                 stride_lb, stride_lh, stride_cb, stride_ch,
-                                 scale_log2, max_blocks, scratch_block,
-                                 GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                                 BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                                 DOT_PRECISION: tl.constexpr, COMBINES: tl.constexpr, SPLITS_POW2: tl.constexpr,
-                                 FIRST_TILE_AHEAD: tl.constexpr, LAUNCHES_EARLY: tl.constexpr):
-        """One program per (row, kv head, split): all query heads of the group, online softmax. The row's new key
-        and value are attended from the registers and written to the cache by split 0: no program reads that
-        slot's memory for anything it keeps, so no other launch has to store them first. With COMBINES, the
-        last split of a (row, kv head) to finish combines the group's splits (`_combine_head`, read through L2)
-        and resets its counter, in place of a second launch. With FIRST_TILE_AHEAD the first tile of the cache
-        loads before the query, and with LAUNCHES_EARLY (a programmatic dependent) the position, the block table
-        and that tile load while the kernel before finishes: the caller vouches that they were written before it
-        began (the step's metadata, positions held before this step); only the query and the new key and value
-        wait for it."""
-        row = tl.program_id(0)
-        kv_head = tl.program_id(1)
-        split = tl.program_id(2)
-        dims = tl.arange(0, HEAD_DIM)
-        position = tl.load(positions_ptr + row)
-        if FIRST_TILE_AHEAD:
-            context, first_tile, last_tile = _split_tiles(position, split, max_blocks, BLOCK_SIZE, TILE, NUM_SPLITS)
-            table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
-            first_tokens, first_valid, first_addresses = _tile_slots(
-                table_row, first_tile, context, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
-                HEAD_DIM, BLOCK_SIZE, TILE)
-            first_keys = tl.load(key_cache_ptr + first_addresses, mask=first_valid[:, None], other=0.0)
-            first_values = tl.load(value_cache_ptr + first_addresses, mask=first_valid[:, None], other=0.0)
-        if LAUNCHES_EARLY:
-            gdc_launch_dependents()
-            gdc_wait()
-        new_key = tl.load(key_ptr + row.to(tl.int64) * stride_kb + kv_head * stride_kh + dims)
-        new_value = tl.load(value_ptr + row.to(tl.int64) * stride_vb + kv_head * stride_vh + dims)
-        if split == 0:
-            slot = _cache_slot(block_tables_ptr, row, position, kv_head, stride_table_row, max_blocks, scratch_block,
-                               stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE)
-            tl.store(key_cache_ptr + slot + dims, new_key)
-            tl.store(value_cache_ptr + slot + dims, new_value)
 
-        heads = tl.arange(0, BLOCK_H)
-        head_valid = heads < GROUP
-        query_heads = kv_head * GROUP + heads
-        # Rows of the group beyond GROUP load zeros: tl.dot needs >= 16 rows, and zeros stay finite.
-        query_rows = query_ptr + row.to(tl.int64) * stride_qb + query_heads[:, None] * stride_qh
-        query = tl.load(query_rows + dims[None, :], mask=head_valid[:, None], other=0.0)
-        if not FIRST_TILE_AHEAD:
-            # Worked out after the loads, as this kernel always did: the only difference left from 36d0d5a's kernel
-            # when 256 rows ran 0.9% slower than with it (BENCHMARKS.md at 2dbe081).
-            context, first_tile, last_tile = _split_tiles(position, split, max_blocks, BLOCK_SIZE, TILE, NUM_SPLITS)
-            table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
+@triton.jit
+def _tile_slots(table_row, tile, context, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
+                HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+    """A tile's tokens, which of them are inside the context, and where their keys (and values) lie."""
+    dims = tl.arange(0, HEAD_DIM)
+    tokens = tile * TILE + tl.arange(0, TILE)
+    valid = tokens < context
+    blocks = tl.load(table_row + tokens // BLOCK_SIZE, mask=valid, other=0)
+    slots = (blocks.to(tl.int64) * stride_cache_block
+             + (tokens % BLOCK_SIZE).to(tl.int64) * stride_cache_slot + kv_head * stride_cache_head)
+    return tokens, valid, slots[:, None] + dims[None, :]
 
-        running_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        running_sum = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-        # Every tile in [first_tile, last_tile) holds at least one valid token, so running_max is
-        # finite after the first one and exp2(-inf - finite) = 0 rescales the empty start.
-        if FIRST_TILE_AHEAD:  # noqa: SIM102 - a compile-time branch: the first tile's names exist only in it
-            if first_tile < last_tile:
-                running_max, running_sum, acc = _attend_tile(
-                    query, first_tokens, first_valid, first_addresses, key_cache_ptr, value_cache_ptr, first_keys,
-                    first_values, position, new_key, new_value, running_max, running_sum, acc, scale_log2,
-                    DOT_PRECISION, True)
-        for tile in range(first_tile + FIRST_TILE_AHEAD, last_tile):
-            tokens, valid, addresses = _tile_slots(table_row, tile, context, kv_head, stride_cache_block,
-                                                   stride_cache_slot, stride_cache_head, HEAD_DIM, BLOCK_SIZE, TILE)
-            running_max, running_sum, acc = _attend_tile(query, tokens, valid, addresses, key_cache_ptr,
-                                                         value_cache_ptr, None, None, position, new_key, new_value,
-                                                         running_max, running_sum, acc, scale_log2, DOT_PRECISION,
-                                                         False)
 
-        out_rows = out_ptr + row.to(tl.int64) * stride_ob + query_heads[:, None] * stride_oh + dims[None, :]
-        if NUM_SPLITS == 1:
-            out = acc / running_sum[:, None]
-            tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=head_valid[:, None])
-        else:
-            # A split past the row's last tile has seen nothing: it reports lse = -inf, weight 0.
-            seen = running_sum > 0
-            safe_sum = tl.where(seen, running_sum, 1.0)
-            lse = tl.where(seen, running_max + tl.log2(safe_sum), float("-inf"))
-            tl.store(out_rows + split * stride_osplit, acc / safe_sum[:, None], mask=head_valid[:, None])
-            tl.store(lse_ptr + row.to(tl.int64) * stride_lb + query_heads * stride_lh + split, lse,
-                     mask=head_valid)
-            if COMBINES:
-                # Released after every thread's stores, so the last split to count in sees them all (acquired).
+@triton.jit
+def _attend_tile(query, tokens, valid, addresses, key_cache_ptr, value_cache_ptr, keys_ahead, values_ahead,
+                 position, new_key, new_value, running_max, running_sum, acc, scale_log2,
+                 DOT_PRECISION: tl.constexpr, AHEAD: tl.constexpr):
+    """One tile into the online softmax; the row's new key and value stand in for its slot's old contents.
+    With AHEAD the tile's keys and values were loaded already; else each loads here, the values after the
+    keys are in hand (loading both first made 256 rows 3.5% slower: BENCHMARKS.md at 2dbe081)."""
+    is_new = (tokens == position)[:, None]
+    keys = keys_ahead if AHEAD else tl.load(key_cache_ptr + addresses, mask=valid[:, None], other=0.0)
+    keys = tl.where(is_new, new_key[None, :], keys)
+    values = values_ahead if AHEAD else tl.load(value_cache_ptr + addresses, mask=valid[:, None], other=0.0)
+    values = tl.where(is_new, new_value[None, :], values)
+    scores = tl.dot(query, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+    new_max = tl.maximum(running_max, tl.max(scores, 1))
+    rescale = tl.exp2(running_max - new_max)
+    probabilities = tl.exp2(scores - new_max[:, None])
+    running_sum = running_sum * rescale + tl.sum(probabilities, 1)
+    acc = acc * rescale[:, None] + tl.dot(probabilities.to(values.dtype), values, input_precision=DOT_PRECISION)
+    return new_max, running_sum, acc
+
+
+@triton.jit
+def _decode_attention_kernel(query_ptr, key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr,
+                             positions_ptr, out_ptr, lse_ptr, combined_ptr, arrivals_ptr,
+                             stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+                             stride_cache_block, stride_cache_slot, stride_cache_head,
+                             stride_table_row,
+                             stride_ob, stride_oh, stride_osplit,
+                             stride_lb, stride_lh, stride_cb, stride_ch,
+                             scale_log2, max_blocks, scratch_block,
+                             GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                             BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                             DOT_PRECISION: tl.constexpr, COMBINES: tl.constexpr, SPLITS_POW2: tl.constexpr,
+                             FIRST_TILE_AHEAD: tl.constexpr, LAUNCHES_EARLY: tl.constexpr):
+    """One program per (row, kv head, split): all query heads of the group, online softmax. The row's new key
+    and value are attended from the registers and written to the cache by split 0: no program reads that
+    slot's memory for anything it keeps, so no other launch has to store them first. With COMBINES, the
+    last split of a (row, kv head) to finish combines the group's splits (`_combine_head`, read through L2)
+    and resets its counter, in place of a second launch. With FIRST_TILE_AHEAD the first tile of the cache
+    loads before the query, and with LAUNCHES_EARLY (a programmatic dependent) the position, the block table
+    and that tile load while the kernel before finishes: the caller vouches that they were written before it
+    began (the step's metadata, positions held before this step); only the query and the new key and value
+    wait for it."""
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    dims = tl.arange(0, HEAD_DIM)
+    position = tl.load(positions_ptr + row)
+    if FIRST_TILE_AHEAD:
+        context, first_tile, last_tile = _split_tiles(position, split, max_blocks, BLOCK_SIZE, TILE, NUM_SPLITS)
+        table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
+        first_tokens, first_valid, first_addresses = _tile_slots(
+            table_row, first_tile, context, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
+            HEAD_DIM, BLOCK_SIZE, TILE)
+        first_keys = tl.load(key_cache_ptr + first_addresses, mask=first_valid[:, None], other=0.0)
+        first_values = tl.load(value_cache_ptr + first_addresses, mask=first_valid[:, None], other=0.0)
+    if LAUNCHES_EARLY:
+        gdc_launch_dependents()
+        gdc_wait()
+    new_key = tl.load(key_ptr + row.to(tl.int64) * stride_kb + kv_head * stride_kh + dims)
+    new_value = tl.load(value_ptr + row.to(tl.int64) * stride_vb + kv_head * stride_vh + dims)
+    if split == 0:
+        slot = _cache_slot(block_tables_ptr, row, position, kv_head, stride_table_row, max_blocks, scratch_block,
+                           stride_cache_block, stride_cache_slot, stride_cache_head, BLOCK_SIZE)
+        tl.store(key_cache_ptr + slot + dims, new_key)
+        tl.store(value_cache_ptr + slot + dims, new_value)
+
+    heads = tl.arange(0, BLOCK_H)
+    head_valid = heads < GROUP
+    query_heads = kv_head * GROUP + heads
+    # Rows of the group beyond GROUP load zeros: tl.dot needs >= 16 rows, and zeros stay finite.
+    query_rows = query_ptr + row.to(tl.int64) * stride_qb + query_heads[:, None] * stride_qh
+    query = tl.load(query_rows + dims[None, :], mask=head_valid[:, None], other=0.0)
+    if not FIRST_TILE_AHEAD:
+        # Worked out after the loads, as this kernel always did: the only difference left from 36d0d5a's kernel
+        # when 256 rows ran 0.9% slower than with it (BENCHMARKS.md at 2dbe081).
+        context, first_tile, last_tile = _split_tiles(position, split, max_blocks, BLOCK_SIZE, TILE, NUM_SPLITS)
+        table_row = block_tables_ptr + row.to(tl.int64) * stride_table_row
+
+    running_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    # Every tile in [first_tile, last_tile) holds at least one valid token, so running_max is
+    # finite after the first one and exp2(-inf - finite) = 0 rescales the empty start.
+    if FIRST_TILE_AHEAD:  # noqa: SIM102 - a compile-time branch: the first tile's names exist only in it
+        if first_tile < last_tile:
+            running_max, running_sum, acc = _attend_tile(
+                query, first_tokens, first_valid, first_addresses, key_cache_ptr, value_cache_ptr, first_keys,
+                first_values, position, new_key, new_value, running_max, running_sum, acc, scale_log2,
+                DOT_PRECISION, True)
+    for tile in range(first_tile + FIRST_TILE_AHEAD, last_tile):
+        tokens, valid, addresses = _tile_slots(table_row, tile, context, kv_head, stride_cache_block,
+                                               stride_cache_slot, stride_cache_head, HEAD_DIM, BLOCK_SIZE, TILE)
+        running_max, running_sum, acc = _attend_tile(query, tokens, valid, addresses, key_cache_ptr,
+                                                     value_cache_ptr, None, None, position, new_key, new_value,
+                                                     running_max, running_sum, acc, scale_log2, DOT_PRECISION,
+                                                     False)
+
+    out_rows = out_ptr + row.to(tl.int64) * stride_ob + query_heads[:, None] * stride_oh + dims[None, :]
+    if NUM_SPLITS == 1:
+        out = acc / running_sum[:, None]
+        tl.store(out_rows, out.to(out_ptr.dtype.element_ty), mask=head_valid[:, None])
+    else:
+        # A split past the row's last tile has seen nothing: it reports lse = -inf, weight 0.
+        seen = running_sum > 0
+        safe_sum = tl.where(seen, running_sum, 1.0)
+        lse = tl.where(seen, running_max + tl.log2(safe_sum), float("-inf"))
+        tl.store(out_rows + split * stride_osplit, acc / safe_sum[:, None], mask=head_valid[:, None])
+        tl.store(lse_ptr + row.to(tl.int64) * stride_lb + query_heads * stride_lh + split, lse,
+                 mask=head_valid)
+        if COMBINES:
+            # Released after every thread's stores, so the last split to count in sees them all (acquired).
+            tl.debug_barrier()
+            counter = arrivals_ptr + row.to(tl.int64) * tl.num_programs(1) + kv_head
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
                 tl.debug_barrier()
-                counter = arrivals_ptr + row.to(tl.int64) * tl.num_programs(1) + kv_head
-                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-                    tl.debug_barrier()
-                    for member in tl.static_range(GROUP):
-                        _combine_head(out_ptr, lse_ptr, combined_ptr, row, kv_head * GROUP + member,
-                                      stride_ob, stride_oh, stride_osplit, stride_lb, stride_lh, stride_cb,
-                                      stride_ch, NUM_SPLITS, SPLITS_POW2, HEAD_DIM, ".cg")
-                    tl.store(counter, 0)
-
-    @triton.jit
-    def _combine_head(partial_ptr, lse_ptr, out_ptr, row, head, stride_pb, stride_ph, stride_psplit, stride_lb,
-                      stride_lh, stride_ob, stride_oh, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, CACHE: tl.constexpr):
-        """One (row, head)'s output from its splits' partial outputs, weighted by their log-sum-exps."""
-        splits = tl.arange(0, SPLITS_POW2)
-        split_valid = splits < NUM_SPLITS
-        dims = tl.arange(0, HEAD_DIM)
-        lse = tl.load(lse_ptr + row.to(tl.int64) * stride_lb + head * stride_lh + splits,
-                      mask=split_valid, other=float("-inf"), cache_modifier=CACHE)
-        # Split 0 always covers the first tile, so the maximum is finite.
-        weights = tl.exp2(lse - tl.max(lse, 0))
-        partial = tl.load(partial_ptr + row.to(tl.int64) * stride_pb + head * stride_ph
-                          + splits[:, None] * stride_psplit + dims[None, :],
-                          mask=split_valid[:, None], other=0.0, cache_modifier=CACHE)
-        out = tl.sum(partial * weights[:, None], 0) / tl.sum(weights, 0)
-        out_row = out_ptr + row.to(tl.int64) * stride_ob + head * stride_oh
-        tl.store(out_row + dims, out.to(out_ptr.dtype.element_ty))
-
-    @triton.jit
-    def _combine_splits_kernel(partial_ptr, lse_ptr, out_ptr,
-                               stride_pb, stride_ph, stride_psplit, stride_lb, stride_lh,
-                               stride_ob, stride_oh,
-                               NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr):
-        _combine_head(partial_ptr, lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), stride_pb, stride_ph,
-                      stride_psplit, stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS, SPLITS_POW2, HEAD_DIM,
-                      "")
+                for member in tl.static_range(GROUP):
+                    _combine_head(out_ptr, lse_ptr, combined_ptr, row, kv_head * GROUP + member,
+                                  stride_ob, stride_oh, stride_osplit, stride_lb, stride_lh, stride_cb,
+                                  stride_ch, NUM_SPLITS, SPLITS_POW2, HEAD_DIM, ".cg")
+                tl.store(counter, 0)
 
 
-def _is_power_of_two(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
+@triton.jit
+def _combine_head(partial_ptr, lse_ptr, out_ptr, row, head, stride_pb, stride_ph, stride_psplit, stride_lb,
+                  stride_lh, stride_ob, stride_oh, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, CACHE: tl.constexpr):
+    """One (row, head)'s output from its splits' partial outputs, weighted by their log-sum-exps."""
+    splits = tl.arange(0, SPLITS_POW2)
+    split_valid = splits < NUM_SPLITS
+    dims = tl.arange(0, HEAD_DIM)
+    lse = tl.load(lse_ptr + row.to(tl.int64) * stride_lb + head * stride_lh + splits,
+                  mask=split_valid, other=float("-inf"), cache_modifier=CACHE)
+    # Split 0 always covers the first tile, so the maximum is finite.
+    weights = tl.exp2(lse - tl.max(lse, 0))
+    partial = tl.load(partial_ptr + row.to(tl.int64) * stride_pb + head * stride_ph
+                      + splits[:, None] * stride_psplit + dims[None, :],
+                      mask=split_valid[:, None], other=0.0, cache_modifier=CACHE)
+    out = tl.sum(partial * weights[:, None], 0) / tl.sum(weights, 0)
+    out_row = out_ptr + row.to(tl.int64) * stride_ob + head * stride_oh
+    tl.store(out_row + dims, out.to(out_ptr.dtype.element_ty))
 
 
-def triton_supported(cache: PagedKVCache) -> bool:
-    """Whether the Triton decode path can serve this cache."""
-    return (HAS_TRITON and cache.device.type == "cuda" and _is_power_of_two(cache.head_dim)
-            and cache.head_dim >= 16 and cache.dtype in (torch.bfloat16, torch.float16, torch.float32))
+@triton.jit
+def _combine_splits_kernel(partial_ptr, lse_ptr, out_ptr,
+                           stride_pb, stride_ph, stride_psplit, stride_lb, stride_lh,
+                           stride_ob, stride_oh,
+                           NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, HEAD_DIM: tl.constexpr):
+    _combine_head(partial_ptr, lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), stride_pb, stride_ph,
+                  stride_psplit, stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS, SPLITS_POW2, HEAD_DIM,
+                  "")
 
 
 def _unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
@@ -520,13 +508,14 @@ class PagedDecodeBackend:
                  implementation: Implementation = "auto", num_splits: int | None = None) -> None:
         if max_batch_size <= 0 or max_blocks_per_seq <= 0:
             raise ValueError("max_batch_size and max_blocks_per_seq must be > 0")
-        if implementation == "triton" and not triton_supported(cache):
+        kernel_serves = KernelPolicy.decode_attention_kernel(cache.device, cache.dtype, cache.head_dim)
+        if implementation == "triton" and not kernel_serves:
             raise RuntimeError("the Triton decode path needs Triton, a CUDA cache, a power-of-two head_dim "
                                "and a bf16/fp16/fp32 cache")
         if num_splits is not None and not 1 <= num_splits <= _MAX_SPLITS:
             raise ValueError(f"num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
         self.cache = cache
-        self.use_triton = implementation == "triton" or (implementation == "auto" and triton_supported(cache))
+        self.use_triton = implementation == "triton" or (implementation == "auto" and kernel_serves)
         self.fixed_num_splits = num_splits
         self.block_tables = torch.full((max_batch_size, max_blocks_per_seq), cache.scratch_block,
                                        dtype=torch.int32, device=cache.device)

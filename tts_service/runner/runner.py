@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tts_service.model.checkpoint import LoadedModel
 from tts_service.model.codec_decoder import CodecStreamState
 from tts_service.model.embedding import PromptIds, embed_prompt_ids, embed_text_ids, prompt_ids
-from tts_service.model.fused_ops import kernels_available
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.layers import use_fused_kernels
 from tts_service.model.prompts import Prompt
 from tts_service.runner.config import RunnerConfig
@@ -205,10 +205,12 @@ class ModelRunner:
         self.config = config
         self.talker = model.talker
         self.device = model.device
-        is_fused = config.use_fused_kernels and kernels_available(self.device)
+        self.dtype = self.talker.codec_head.weight.dtype
+        self.kernels = KernelPolicy.build(self.device, self.dtype, use_fused_kernels=config.use_fused_kernels,
+                                          use_predictor_kernel=config.use_predictor_kernel)
+        is_fused = self.kernels.fused
         use_fused_kernels(self.talker, is_fused)
         model.codec_decoder.use_fused_kernels(is_fused)
-        self.dtype = self.talker.codec_head.weight.dtype
         # Fused (CUDA), the talker's steps gather RoPE rows for every position a row's block table can address.
         self.rope_rows = (self.talker.rope_rows(config.max_blocks_per_request * config.block_size, self.dtype)
                           if is_fused else None)
@@ -220,14 +222,17 @@ class ModelRunner:
 
         self.state = SlotState.allocate(config.max_num_slots, talker_config.layers.vocab_size, self.num_groups,
                                         self.device)
-        memory = predictor_memory(self.talker, max_batch, self.dtype, self.device, is_fused)
-        one_call = predictor_call(self.talker, memory, self.dtype, self.device) if config.use_predictor_kernel else None
+        memory = predictor_memory(self.talker, max_batch, self.kernels)
+        one_call = predictor_call(self.talker, memory, self.kernels)
         self.sampler = FrameSampler(self.talker, self.state, memory, one_call)
         self.kv_cache = PagedKVCache(talker_config.layers.num_hidden_layers, self._num_kv_blocks(),
                                      config.block_size, talker_config.layers.num_key_value_heads,
                                      talker_config.layers.head_dim, self.dtype, self.device)
         self.decode_backend = PagedDecodeBackend(self.kv_cache, max_batch, config.max_blocks_per_request)
         self.prefill_backend = PagedPrefillBackend(self.kv_cache)
+        # Which paths this run takes, written once at start (`Engine.create` logs it).
+        self.kernel_paths = self.kernels.active_paths(decode_attention=self.decode_backend.use_triton,
+                                                      predictor_pass=one_call is not None)
         scratch = self.state.scratch_slot
         self.rows = _FrameBuffers(
             slots=torch.full((max_batch,), scratch, dtype=torch.int64, device=self.device),

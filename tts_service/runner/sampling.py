@@ -5,17 +5,26 @@ ids, the minimum-length EOS mask, then temperature, top-k and top-p. Drawing use
 Gumbel-max trick with noise from a counter-based hash of (seed, draw index, token id), so a
 request's samples depend only on its own seed and position, never on which other requests
 share its batch: the eager path and the batched engine draw the same tokens.
+
+Everything here is the torch chain, which the eager path runs and the sampling kernels are held to; the runner
+draws through `sampling_kernel.KernelSampler`, which takes the kernels where `KernelPolicy` says they run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from tts_service.runner import sampling_kernel
 from tts_service.runner.params import SamplingParams
-from tts_service.runner.sampling_kernel import DRAW_STRIDE, MASK32, MIX_MULTIPLIERS, TOKEN_STRIDE
+
+# The counter-based hash of `gumbel_noise`, which the sampling kernels compute too. Odd multipliers below 2**31 keep
+# every product of 32-bit values inside int64 (no reliance on overflow).
+MASK32 = 0xFFFFFFFF
+MIX_MULTIPLIERS = (0x7FEB352D, 0x2C1B3C6D, 0x297A2D39)
+TOKEN_STRIDE = 0x61C88647
+DRAW_STRIDE = 0x3C6EF372
 
 
 @dataclass(frozen=True)
@@ -94,38 +103,55 @@ def filter_top_k_top_p(scores: torch.Tensor, rows: RowSampling) -> torch.Tensor:
     return torch.empty_like(scores).scatter_(-1, order, ascending)
 
 
-def draws_in_kernel(scores: torch.Tensor) -> bool:
-    """Whether `sample` makes its noise inside the sampling kernel (so no caller need make it ahead)."""
-    return sampling_kernel.kernel_applies(scores)
-
-
 def sample(scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
            gumbel: torch.Tensor | None = None) -> torch.Tensor:
     """scores [B, V] fp32 after logit processors -> token ids [B]; greedy rows take the argmax. `gumbel` is this
-    draw's `gumbel_noise` when the caller made it already. On CUDA one Triton program per row does it all, the
-    noise included (`sampling_kernel`: the same draws where top_p = 1; top-p's cut may differ at float
-    rounding)."""
-    if draws_in_kernel(scores):
-        return sampling_kernel.sample_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws)
+    draw's `gumbel_noise` when the caller made it already."""
     if gumbel is None:
         gumbel = gumbel_noise(seeds, draws, scores.shape[-1])
     return sample_eager(scores, rows, gumbel)
 
 
-def sample_and_embed(scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
-                     embedding: torch.Tensor, gumbel: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample`, and the drawn ids' rows of the `embedding` table [V, W] -> (ids [B], [B, W]). On CUDA the sampling
-    kernel copies each row as it draws its id (one lookup kernel fewer a codebook)."""
-    if draws_in_kernel(scores):
-        return sampling_kernel.sample_and_embed_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds, draws,
-                                                     embedding)
-    ids = sample(scores, rows, seeds, draws, gumbel)
-    return ids, embedding[ids]
-
-
 def sample_eager(scores: torch.Tensor, rows: RowSampling, gumbel: torch.Tensor) -> torch.Tensor:
-    """The torch chain: the CPU path and the reference the kernel is tested against."""
+    """The torch chain: the CPU path and the reference the kernels are tested against."""
     greedy = scores.argmax(dim=-1)
     filtered = filter_top_k_top_p(scores, rows)
     drawn = (filtered + gumbel).argmax(dim=-1)
     return torch.where(rows.temperature > 0, drawn, greedy)
+
+
+class Sampler(Protocol):
+    """What draws a frame's ids: the torch chain (`TORCH_SAMPLER`), or the runner's `KernelSampler`."""
+
+    def makes_own_noise(self, scores: torch.Tensor) -> bool:
+        """Whether drawing from `scores` makes its noise itself (so no caller need make it ahead)."""
+        ...
+
+    def sample(self, scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
+               gumbel: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def sample_and_embed(self, scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
+                         embedding: torch.Tensor,
+                         gumbel: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sample`, and the drawn ids' rows of the `embedding` table [V, W] -> (ids [B], [B, W])."""
+        ...
+
+
+class TorchSampler:
+    """The torch chain as a `Sampler`: the eager path's, which never runs a kernel."""
+
+    def makes_own_noise(self, scores: torch.Tensor) -> bool:
+        return False
+
+    def sample(self, scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
+               gumbel: torch.Tensor | None = None) -> torch.Tensor:
+        return sample(scores, rows, seeds, draws, gumbel)
+
+    def sample_and_embed(self, scores: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, draws: torch.Tensor,
+                         embedding: torch.Tensor,
+                         gumbel: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = sample(scores, rows, seeds, draws, gumbel)
+        return ids, embedding[ids]
+
+
+TORCH_SAMPLER = TorchSampler()
