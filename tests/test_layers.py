@@ -1,5 +1,7 @@
 """The layers import only downward: api -> engine -> runner -> model, the scheduler beside them without torch,
-and the served code never reaches into benchmarks, tests or the client package."""
+and the served code never reaches into benchmarks, tests or the client package. Within a layer no module imports
+one that imports it back, directly or through others (a type-only import counts: it is a dependency all the same).
+Across layers no cycle can form, since each layer imports only those below it."""
 
 from __future__ import annotations
 
@@ -41,6 +43,38 @@ def imported_modules(path: Path) -> list[str]:
     return names
 
 
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Each module under `package` -> the other modules under it that it imports."""
+    files = {module_name(path, root): path for path in sorted((root / package).rglob("*.py"))}
+    return {name: {module for module in imported_modules(path) if module in files and module != name}
+            for name, path in files.items()}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules `start` imports, directly or through others."""
+    seen: set[str] = set()
+    pending = list(graph[start])
+    while pending:
+        module = pending.pop()
+        if module not in seen:
+            seen.add(module)
+            pending += graph[module]
+    return seen
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or through others, each sorted."""
+    reached = {module: reachable(graph, module) for module in graph}
+    groups = {tuple(sorted(other for other in reached[module] if module in reached[other]))
+              for module in graph if module in reached[module]}
+    return sorted(list(group) for group in groups)
+
+
 def is_allowed(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
 
@@ -63,6 +97,20 @@ def test_each_layer_imports_only_the_layers_below_it(package: str) -> None:
     assert violations == []
 
 
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_module_imports_one_that_imports_it_back(package: str) -> None:
+    assert import_cycles(module_graph(ROOT, package)) == []
+
+
+def test_the_front_doors_share_the_speech_steps_and_the_http_door_never_reaches_the_grpc_one() -> None:
+    # The server, which builds the steps and both doors, may import the HTTP door; nothing else joins them.
+    graph = module_graph(ROOT, "tts_service/api")
+    http_door, grpc_door, steps = "tts_service.api.openai_http", "tts_service.api.server", "tts_service.api.speech"
+    assert steps in reachable(graph, http_door)
+    assert grpc_door not in reachable(graph, http_door)
+    assert reachable(graph, steps).isdisjoint({http_door, grpc_door})
+
+
 def test_the_api_uses_the_engines_methods_and_never_its_runner_or_scheduler() -> None:
     reaching = []
     for path in sorted((ROOT / "tts_service/api").rglob("*.py")):
@@ -77,3 +125,13 @@ def test_the_layer_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     module.write_text("from tts_service.runner.runner import ModelRunner\n")
     assert "tts_service.runner.runner" in imported_modules(module)
     assert not is_allowed("tts_service.runner.runner", ALLOWED["tts_service/api"])
+
+
+def test_the_cycle_check_sees_a_two_way_import_even_inside_a_function_or_for_types_only(tmp_path: Path) -> None:
+    package = tmp_path / "model"
+    package.mkdir()
+    (package / "loader.py").write_text("def load():\n    from model.builder import build\n")
+    (package / "builder.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                        "    from model.loader import load\n")
+    (package / "configs.py").write_text("from model.loader import load\n")
+    assert import_cycles(module_graph(tmp_path, "model")) == [["model.builder", "model.loader"]]

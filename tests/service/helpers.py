@@ -55,8 +55,8 @@ class RunningServer:
 
     @property
     def engine(self) -> Engine:
-        assert self.server.service.engine is not None
-        return self.server.service.engine
+        assert self.server.steps.engine is not None
+        return self.server.steps.engine
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the server's loop (engine and server calls belong there)."""

@@ -10,8 +10,8 @@ import pytest
 
 from clients.qwen3_tts_client import Generation
 from tests.service.helpers import RYAN, RunningServer, start_server
-from tts_service.api import server as server_module
-from tts_service.api.server import ListenerLead
+from tts_service.api import speech as speech_module
+from tts_service.api.speech import ListenerLead
 from tts_service.model.checkpoint import LoadedModel
 
 FRAME_S = 0.08
@@ -41,7 +41,7 @@ def test_once_the_listener_is_ahead_each_message_but_the_last_carries_at_least_t
         pacing_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
     # The listener plays at a tenth of real speed, so the tiny model outruns it on any CPU; at real speed how soon
     # it gets ahead depends on the machine (on two loaded cores, up to 2.5 s of 4).
-    monkeypatch.setattr(server_module, "ListenerLead", functools.partial(ListenerLead, clock=ten_times_slower))
+    monkeypatch.setattr(speech_module, "ListenerLead", functools.partial(ListenerLead, clock=ten_times_slower))
     durations = message_durations(pacing_server)
     assert sum(durations) == pytest.approx(4.0)
     assert durations[0] == pytest.approx(FRAME_S)  # the first audio does not wait for company

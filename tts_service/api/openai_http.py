@@ -1,12 +1,13 @@
 """The OpenAI-compatible HTTP API, beside the gRPC one and on the same engine: POST /v1/audio/speech, GET /v1/models.
 
-A speech call goes through the servicer's own steps (`TextToSpeechService.speech_call`, `prepare`,
-`submit`, `encoded_audio`, `whole_audio`): the same API keys, per-caller limit, input limits, metrics
-(rpc label `OpenAISpeech`), spans and logs as a gRPC call. Only the translation is here: the JSON body
-into a qwen3_tts.v1 VoiceSelection, errors into OpenAI's error JSON, audio into a chunked body or server-sent
-events. `voice` names a built-in speaker of a CustomVoice model, or on a Base model a voice registered over
-gRPC (CreateVoice); for a VoiceDesign model `instructions` describes the voice. `model` is the served
-model's id or one of OpenAI's speech model names, so that a client written for OpenAI runs unchanged.
+A speech call goes through the steps the gRPC servicer takes too (`speech.SpeechSteps`: `speech_call`,
+`prepare`, `submit`, `encoded_audio`, `whole_audio`): the same API keys, per-caller limit, input limits, metrics
+(rpc label `OpenAISpeech`), spans and logs as a gRPC call; this door knows nothing of the servicer itself. Only
+the translation is here: the JSON body into a qwen3_tts.v1 VoiceSelection, errors into OpenAI's error JSON, audio
+into a chunked body or server-sent events. `voice` names a built-in speaker of a CustomVoice model, or on a Base
+model a voice registered over gRPC (CreateVoice); for a VoiceDesign model `instructions` describes the voice.
+`model` is the served model's id or one of OpenAI's speech model names, so that a client written for OpenAI runs
+unchanged.
 
 WAV, PCM and Opus are sent as the engine produces them. MP3 and FLAC are sent once the audio is
 complete: libsndfile finishes those files by rewriting their start. A client that disconnects
@@ -27,7 +28,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -39,11 +40,9 @@ from tts_service.api.errors import ApiError, api_error_for, invalid
 from tts_service.api.http_body import BodyRefused, read_json
 from tts_service.api.interceptors import ServingState
 from tts_service.api.messages import check_length
+from tts_service.api.speech import SpeechSteps
 from tts_service.audio.output import MODEL_SAMPLE_RATE, AudioEncoding, FileEncoding, OutputFormat, encode_file
 from tts_service.engine import FinishReason, ModelInfo, RequestStream, SynthesisSummary
-
-if TYPE_CHECKING:
-    from tts_service.api.server import TextToSpeechService
 
 logger = logging.getLogger("tts_service.api.server")
 
@@ -210,10 +209,10 @@ def _event(payload: dict[str, Any]) -> bytes:
 
 
 class OpenAISpeechApi:
-    """The routes, on the servicer that the gRPC server answers with."""
+    """The routes, on the speech steps that the gRPC servicer takes too."""
 
-    def __init__(self, service: TextToSpeechService, state: ServingState, config: ServerConfig) -> None:
-        self._service = service
+    def __init__(self, steps: SpeechSteps, state: ServingState, config: ServerConfig) -> None:
+        self._steps = steps
         self._state = state
         self._config = config
         self._started = int(time.time())
@@ -228,13 +227,13 @@ class OpenAISpeechApi:
         """The answer to a request that may not be served now, counted as refused: not exactly one valid key, or
         the server not serving."""
         try:
-            self._service.credentials.authenticate(_metadata(request))
+            self._steps.credentials.authenticate(_metadata(request))
             if self._state.is_draining:
                 raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry")
-            if not self._state.is_ready or self._service.engine is None:
+            if not self._state.is_ready or self._steps.engine is None:
                 raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading; retry")
         except ApiError as error:
-            self._service.count_refusal(rpc, error.code)
+            self._steps.count_refusal(rpc, error.code)
             return error_response(error)
         return None
 
@@ -242,7 +241,7 @@ class OpenAISpeechApi:
         refusal = self._refusal(request, MODELS_RPC)
         if refusal is not None:
             return refusal
-        model = self._service.engine_or_unavailable().model_info
+        model = self._steps.engine_or_unavailable().model_info
         # `random_weights` beyond OpenAI's fields: a client can tell a model that speaks from one that makes noise.
         entry = {"id": model.source, "object": "model", "created": self._started, "owned_by": "qwen3-tts-service",
                  "random_weights": model.is_random}
@@ -257,11 +256,11 @@ class OpenAISpeechApi:
         except BodyRefused as refused:
             return await self._refused_body(request, refused)
         metadata = _metadata(request)
-        identity = self._service.credentials.identity(metadata, _peer(request))
+        identity = self._steps.credentials.identity(metadata, _peer(request))
         response = web.StreamResponse()
         try:
-            async with self._service.speech_call(SPEECH_RPC, identity.caller, metadata, self._ending_status,
-                                                 http_route=SPEECH_ROUTE) as record:
+            async with self._steps.speech_call(SPEECH_RPC, identity.caller, metadata, self._ending_status,
+                                               http_route=SPEECH_ROUTE) as record:
                 response.headers["x-request-id"] = record.request_id
                 await self._synthesize(request, response, body, record, identity.owner)
         except ConnectionError:  # the client left mid-write: nobody is left to answer
@@ -274,7 +273,7 @@ class OpenAISpeechApi:
         return response
 
     async def _refused_body(self, request: web.Request, refused: BodyRefused) -> web.Response:
-        self._service.count_refusal(SPEECH_RPC, _BODY_REFUSAL_CODES.get(refused.status, grpc.StatusCode.UNKNOWN))
+        self._steps.count_refusal(SPEECH_RPC, _BODY_REFUSAL_CODES.get(refused.status, grpc.StatusCode.UNKNOWN))
         response = _openai_error(refused.status, refused.message, refused.param)
         if refused.status in _CLOSING_STATUSES:
             response.force_close()
@@ -289,18 +288,18 @@ class OpenAISpeechApi:
 
     async def _synthesize(self, request: web.Request, response: web.StreamResponse, body: Any, record: CallRecord,
                           owner: str) -> None:
-        service = self._service
-        speech = parse_speech(body, service.engine_or_unavailable().model_info, self._config.input_limits)
-        prepared = await service.prepare(record, speech.text, speech.voice, pb.GenerationConfig(), owner)
+        steps = self._steps
+        speech = parse_speech(body, steps.engine_or_unavailable().model_info, self._config.input_limits)
+        prepared = await steps.prepare(record, speech.text, speech.voice, pb.GenerationConfig(), owner)
         # HTTP carries no deadline: the server's limit on a call's life bounds it.
-        stream = await service.submit(prepared, record, None, is_text_open=False)
+        stream = await steps.submit(prepared, record, None, is_text_open=False)
         try:
             if speech.response_format in _FILE_FORMATS:
                 await self._send_file(request, response, speech, stream, record)
             else:
                 await self._send_stream(request, response, speech, stream, record)
         finally:
-            service.engine_or_unavailable().abort(record.request_id)
+            steps.engine_or_unavailable().abort(record.request_id)
 
     async def _start(self, request: web.Request, response: web.StreamResponse, speech: SpeechRequest) -> None:
         is_sse = speech.stream_format == "sse"
@@ -315,9 +314,9 @@ class OpenAISpeechApi:
         """WAV, PCM or Opus, written as the engine produces it."""
         output = OutputFormat(_STREAMED_FORMATS[speech.response_format], MODEL_SAMPLE_RATE)
         await self._start(request, response, speech)
-        async for piece in self._service.encoded_audio(stream, output, record):
+        async for piece in self._steps.encoded_audio(stream, output, record):
             if piece.summary is not None and piece.summary.finish_reason is FinishReason.ABORTED:
-                raise self._service.deadline_error(record)
+                raise self._steps.deadline_error(record)
             if piece.chunk is not None:
                 await self._write(response, speech, piece.chunk.audio)
             if piece.summary is not None:
@@ -326,7 +325,7 @@ class OpenAISpeechApi:
     async def _send_file(self, request: web.Request, response: web.StreamResponse, speech: SpeechRequest,
                          stream: RequestStream, record: CallRecord) -> None:
         """MP3 or FLAC, written once the whole audio is encoded."""
-        waveform, summary = await self._service.whole_audio(stream, record)
+        waveform, summary = await self._steps.whole_audio(stream, record)
         data = await asyncio.to_thread(encode_file, waveform, _FILE_FORMATS[speech.response_format])
         await self._start(request, response, speech)
         await self._write(response, speech, data)
@@ -358,7 +357,7 @@ class OpenAISpeechApi:
 
     def _ending_status(self, record: CallRecord, error: BaseException) -> str:
         if isinstance(error, asyncio.CancelledError | GeneratorExit | ConnectionError):
-            return "DEADLINE_EXCEEDED" if self._service.was_expired(record) else "CANCELLED"
+            return "DEADLINE_EXCEEDED" if self._steps.was_expired(record) else "CANCELLED"
         api_error = api_error_for(error) if isinstance(error, Exception) else None
         return "INTERNAL" if api_error is None else api_error.code.name
 

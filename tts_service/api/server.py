@@ -1,19 +1,16 @@
 """The gRPC server: the public API (proto/qwen3_tts/v1/tts.proto) translated to and from the engine.
 
-The servicer only translates: requests become SynthesisRequests, engine errors become status
-codes, audio chunks become encoded bytes. The engine owns scheduling. Around the servicer sit
-the standard gRPC health service (NOT_SERVING until the engine runs, and again while draining),
-server reflection (so grpcurl needs no .proto), an API-key check and an admission check that
-answers UNAVAILABLE while the server is starting or draining (`interceptors.py`). Which status an
-error becomes is `errors.py`; how messages become engine terms and back is `messages.py`;
-the bidirectional call's reading, flush acks and limits are `text_call.py`. The OpenAI-compatible
-HTTP API (`openai_http.py`) answers with the same servicer, through the steps it shares with the
-gRPC calls (`speech_call`, `prepare`, `submit`, `encoded_audio`, `whole_audio`).
+The servicer only translates: requests become the shared speech steps' terms (`speech.py`), their errors become
+status codes, audio pieces become response messages. The engine owns scheduling. Around the servicer sit the
+standard gRPC health service (NOT_SERVING until the engine runs, and again while draining), server reflection (so
+grpcurl needs no .proto), an API-key check and an admission check that answers UNAVAILABLE while the server is
+starting or draining (`interceptors.py`). Which status an error becomes is `errors.py`; how messages become engine
+terms and back is `messages.py`; the bidirectional call's reading, flush acks and limits are `text_call.py`.
 
-Every engine call happens on the event loop's thread, as the engine requires: gRPC's asyncio
-server runs every handler there. Reference audio is decoded in a worker thread and the engine
-clones voices in its own, so that the loop keeps serving. The servicer talks to the engine's
-public methods only, never to its runner or scheduler.
+`TtsServer` builds the speech steps once and hands them to both front doors: this servicer and, when its port is
+set, the OpenAI-compatible HTTP API (`openai_http.py`), which knows nothing of gRPC's servicer. Every handler runs
+on the event loop's thread, as the engine requires: gRPC's asyncio server runs each one there. The servicer talks
+to the engine's public methods only, never to its runner or scheduler.
 """
 
 from __future__ import annotations
@@ -24,28 +21,22 @@ import logging
 import os
 import ssl
 import time
-import uuid
-from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import grpc
-import numpy as np
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client.exposition import choose_encoder
 
-from observability.calls import CallRecord, CallResult
-from observability.logs import bind_call
+from observability.calls import CallRecord
 from observability.metrics import LiveState, ServiceMetrics
-from observability.tracing import CallTracer, trace_id_of
+from observability.tracing import CallTracer
 from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
 from tts_service.api.callers import Credentials
 from tts_service.api.config import ServerConfig
-from tts_service.api.errors import ApiError, answering_errors
+from tts_service.api.errors import answering_errors
 from tts_service.api.http_connections import ConnectionGuard, ConnectionLimits, bound_http_logs
 from tts_service.api.interceptors import (
     AdmissionInterceptor,
@@ -53,58 +44,25 @@ from tts_service.api.interceptors import (
     RequestParsingInterceptor,
     ServingState,
 )
-from tts_service.api.messages import (
-    ENCODING_NUMBERS,
-    ChunkEncoder,
-    check_clone_request,
-    check_input_limits,
-    completion,
-    decode_reference,
-    generation_params,
-    non_streaming_text,
-    output_format,
-    output_formats,
-    run_encoder,
-    synthesis_input,
-)
+from tts_service.api.messages import ENCODING_NUMBERS, completion, output_format, output_formats
 from tts_service.api.openai_http import OpenAISpeechApi
-from tts_service.api.text_call import TextCall, call_too_long_error, first_config
+from tts_service.api.speech import CallTracker, EndingStatus, SpeechSteps
+from tts_service.api.text_call import TextCall, first_config
 from tts_service.api.voices import (
     check_can_create_voices,
     check_create_limits,
     check_voice_id,
-    check_voice_selection_by_id,
     fields_at_top_level,
     not_found,
     registered_voice_message,
 )
-from tts_service.audio.output import (
-    OutputFormat,
-    encode_whole,
-)
-from tts_service.audio.reference import AudioLimits
-from tts_service.engine import (
-    EngineDoor,
-    FinishReason,
-    GenerationParams,
-    ModelInfo,
-    RegisteredVoice,
-    RequestFailed,
-    RequestStream,
-    SynthesisInput,
-    SynthesisRequest,
-    SynthesisSummary,
-    VoiceClone,
-    VoiceNotFoundError,
-)
+from tts_service.audio.output import OutputFormat, encode_whole
+from tts_service.engine import EngineDoor, ModelInfo, RequestStream, SynthesisSummary, VoiceNotFoundError
 
 logger = logging.getLogger(__name__)
 
 pb: Any = tts_pb2
-T = TypeVar("T")
 REQUEST_ID_HEADER = "x-request-id"
-# How long past the server's call limit a call may stay open (only one whose writes are stuck does).
-_STUCK_CALL_GRACE_S = 5.0
 # How long a drained server waits for ended calls' last messages to reach their clients.
 _FLUSH_GRACE_S = 5.0
 _MODEL_MODES = {
@@ -116,141 +74,23 @@ _MODEL_MODES = {
 # -- the servicer ---------------------------------------------------------------------------------
 
 
-class CallTracker:
-    """Counts the calls in progress, in all (so that draining can wait for them) and by caller (so that one
-    caller cannot take every place: beyond `max_calls_per_caller` its calls get RESOURCE_EXHAUSTED)."""
-
-    def __init__(self, max_calls_per_caller: int | None = None) -> None:
-        self.num_active = 0
-        self._max_calls_per_caller = max_calls_per_caller
-        self._num_by_caller: Counter[str] = Counter()
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    @contextlib.asynccontextmanager
-    async def track(self, caller: str = "") -> AsyncIterator[None]:
-        limit = self._max_calls_per_caller
-        if limit is not None and self._num_by_caller[caller] >= limit:
-            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"this caller already has {limit} calls in progress, the most one caller may have "
-                           "(--max-calls-per-caller); retry when one has ended")
-        self.num_active += 1
-        self._num_by_caller[caller] += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self.num_active -= 1
-            self._num_by_caller[caller] -= 1
-            if not self._num_by_caller[caller]:
-                del self._num_by_caller[caller]
-            if self.num_active == 0:
-                self._idle.set()
-
-    async def wait_idle(self, timeout_s: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        return self.num_active == 0
-
-
-@dataclass(frozen=True)
-class PreparedRequest:
-    request_id: str
-    synthesis: SynthesisInput
-    params: GenerationParams
-
-
-@dataclass(frozen=True)
-class EncodedAudio:
-    """One piece of a request's encoded audio; the last piece carries the summary (and maybe no audio)."""
-
-    chunk: Any | None  # an AudioChunk message
-    summary: SynthesisSummary | None = None
-
-
-class ListenerLead:
-    """How far a listener who started playing at the first chunk is from running out: audio sent minus audio
-    played, at the time of the last chunk."""
-
-    def __init__(self, frame_rate_hz: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._frame_s = 1.0 / frame_rate_hz
-        self._clock = clock  # the listener's playback clock
-        self._first_sent: float | None = None
-        self._num_frames = 0
-        self.lead_s = 0.0
-
-    def sent(self, num_frames: int) -> None:
-        now = self._clock()
-        if self._first_sent is None:
-            self._first_sent = now
-        self._num_frames += num_frames
-        self.lead_s = self._num_frames * self._frame_s - (now - self._first_sent)
-
-
-# How a speech call's status is named when an exception ends it (gRPC's status names, for either front door).
-EndingStatus = Callable[[CallRecord, BaseException], str]
-
-
 class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
-    def __init__(self, config: ServerConfig, calls: CallTracker, credentials: Credentials) -> None:
-        self.config = config
-        self.calls = calls
-        self.credentials = credentials
-        self.engine: EngineDoor | None = None
-        self.metrics: ServiceMetrics | None = None
-        self.tracer: CallTracer | None = None
-        self._reference_limits = AudioLimits(max_seconds=config.engine.max_reference_audio_s)
-        # One reference recording decoded at a time: decoding is heavy and must stay off the event loop.
-        self._decode_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-reference-audio")
-        self._num_clones_in_progress = 0
-        self._expired_ids: set[str] = set()
-        self._limited_by_server: set[str] = set()  # calls whose request ends at the server's limit, not the client's
+    """The gRPC API: each call's messages into the shared speech steps' terms, and their answers and errors back
+    into messages and statuses."""
 
-    def close(self) -> None:
-        self._decode_executor.shutdown(wait=False, cancel_futures=True)
+    def __init__(self, steps: SpeechSteps) -> None:
+        self._steps = steps
+        self._config = steps.config
 
     @contextlib.asynccontextmanager
     async def _call(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[CallRecord]:
         """A gRPC speech call's frame: the shared one, with errors as statuses and the request id as a header."""
-        caller = self.credentials.identity_of(context).caller
+        caller = self._steps.credentials.identity_of(context).caller
         metadata = context.invocation_metadata() or ()
-        async with self.speech_call(rpc, caller, metadata, self._grpc_status(context),
-                                    answering_errors(context)) as record:
+        async with self._steps.speech_call(rpc, caller, metadata, self._grpc_status(context),
+                                           answering_errors(context)) as record:
             await context.send_initial_metadata(((REQUEST_ID_HEADER, record.request_id),))
             yield record
-
-    @contextlib.asynccontextmanager
-    async def speech_call(self, rpc: str, caller: str, metadata: Iterable[tuple[str, str | bytes]],
-                          ending_status: EndingStatus,
-                          answering: contextlib.AbstractAsyncContextManager[Any] | None = None,
-                          http_route: str | None = None) -> AsyncIterator[CallRecord]:
-        """A speech call's frame, whichever front door it came through: request id, the per-caller limit, drain
-        tracking, observation (metrics, span, log tags), and the server's limit on the call's life. `answering`
-        turns errors into the protocol's answer inside the observation, which then sees that answer."""
-        record = CallRecord(rpc, uuid.uuid4().hex, http_route)
-        # The engine ends the request at the limit; this ends a call stuck writing to a client that reads nothing.
-        expiry = asyncio.get_running_loop().call_later(self.config.max_stream_seconds + _STUCK_CALL_GRACE_S,
-                                                       self._expire, record, asyncio.current_task())
-        try:
-            async with (self._observed(record, metadata, ending_status), answering or contextlib.nullcontext(),
-                        self.calls.track(caller)):
-                try:
-                    yield record
-                except RequestFailed as error:  # the engine's summary says how far the request got
-                    self._finish_record(record, error.summary)
-                    raise
-        finally:
-            expiry.cancel()
-
-    def was_expired(self, record: CallRecord) -> bool:
-        """Whether the server's limit on a call's life ended this call."""
-        return record.request_id in self._expired_ids
-
-    def _expire(self, record: CallRecord, task: asyncio.Task[Any] | None) -> None:
-        logger.warning("ending a call still open %g s after the server's limit", _STUCK_CALL_GRACE_S)
-        self._expired_ids.add(record.request_id)
-        if task is not None:
-            task.cancel()
 
     def _grpc_status(self, context: grpc.aio.ServicerContext) -> EndingStatus:
         def status(record: CallRecord, error: BaseException) -> str:
@@ -260,51 +100,15 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             # The call ended under the handler: the client went away, its deadline passed, or the server's limit.
             remaining_s = context.time_remaining()
             is_past_deadline = remaining_s is not None and remaining_s <= 0
-            return "DEADLINE_EXCEEDED" if is_past_deadline or self.was_expired(record) else "CANCELLED"
+            return "DEADLINE_EXCEEDED" if is_past_deadline or self._steps.was_expired(record) else "CANCELLED"
 
         return status
-
-    @contextlib.asynccontextmanager
-    async def _observed(self, record: CallRecord, metadata: Iterable[tuple[str, str | bytes]],
-                        ending_status: EndingStatus) -> AsyncIterator[None]:
-        """The call's span and log tags from its start; metrics and the span's end with the status it ends with."""
-        tracer = self.tracer
-        span = tracer.start(record, metadata) if tracer is not None else None
-        bind_call(record.request_id, trace_id_of(span) if span is not None else None)
-        status = "OK"
-        try:
-            yield
-        except BaseException as error:
-            status = ending_status(record, error)
-            raise
-        finally:
-            self._expired_ids.discard(record.request_id)
-            self._limited_by_server.discard(record.request_id)
-            if self.metrics is not None:
-                self.metrics.observe_call(record, status)
-            if tracer is not None and span is not None:
-                tracer.end(span, record, status)
-
-    def _finish_record(self, record: CallRecord, summary: SynthesisSummary) -> None:
-        model = self.engine_or_unavailable().model_info
-        record.result = CallResult(summary.finish_reason.value, summary.timeline, summary.num_frames,
-                                   summary.num_text_tokens, model.audio_seconds(summary.num_frames))
-
-    def count_refusal(self, rpc: str, code: grpc.StatusCode) -> None:
-        """A call refused before it ran (no valid key, the server not serving), on either front door."""
-        if self.metrics is not None:
-            self.metrics.observe_refusal(rpc, code.name)
-
-    def engine_or_unavailable(self) -> EngineDoor:
-        if self.engine is None:
-            raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading its model; retry")
-        return self.engine
 
     # ListVoices
 
     async def ListVoices(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with answering_errors(context):
-            engine = self.engine_or_unavailable()
+            engine = self._steps.engine_or_unavailable()
             response = self._voices(engine.model_info)
             registered = await engine.registered_voices(self._owner(context))
             response.registered_voices.extend(registered_voice_message(voice) for voice in registered)
@@ -312,7 +116,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     def _voices(self, model: ModelInfo) -> Any:
         speakers = [pb.Speaker(name=name, dialect=model.speaker_dialects[name] or "") for name in model.speakers]
-        config, engine = self.config, self.config.engine
+        config, engine = self._config, self._config.engine
         limits = pb.Limits(max_text_chars=engine.max_text_chars, max_audio_seconds=engine.max_audio_s,
                            max_reference_audio_seconds=engine.max_reference_audio_s,
                            max_message_bytes=config.max_message_bytes,
@@ -335,12 +139,12 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
     async def CreateVoice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self._call("CreateVoice", context) as record:
-            engine = self.engine_or_unavailable()
+            engine = self._steps.engine_or_unavailable()
             check_can_create_voices(engine.model_info)
-            check_create_limits(request, self.config.input_limits)
+            check_create_limits(request, self._config.input_limits)
             owner = self._owner(context)
             with fields_at_top_level():
-                voice = await self._encode_reference(engine, request, record, lambda wav: engine.create_voice(
+                voice = await self._steps.encode_reference(engine, request, record, lambda wav: engine.create_voice(
                     wav, request.reference_text or None, request.x_vector_only, owner))
             logger.info("created voice %s (%s, %.2f s of reference)", voice.voice_id, voice.kind.value,
                         voice.reference_seconds)
@@ -349,28 +153,22 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     async def GetVoice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with answering_errors(context):
             check_voice_id("voice_id", request.voice_id)
-            voice = await self._registered_voice(self.engine_or_unavailable(), request.voice_id, self._owner(context),
-                                                 "voice_id")
+            voice = await self._steps.registered_voice(self._steps.engine_or_unavailable(), request.voice_id,
+                                                       self._owner(context), "voice_id")
             return registered_voice_message(voice)
 
     async def DeleteVoice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with answering_errors(context):
             check_voice_id("voice_id", request.voice_id)
             try:
-                await self.engine_or_unavailable().delete_voice(request.voice_id, self._owner(context))
+                await self._steps.engine_or_unavailable().delete_voice(request.voice_id, self._owner(context))
             except VoiceNotFoundError:
                 raise not_found("voice_id", request.voice_id) from None
             logger.info("deleted voice %s", request.voice_id)
             return pb.DeleteVoiceResponse()
 
-    async def _registered_voice(self, engine: EngineDoor, voice_id: str, owner: str, field: str) -> RegisteredVoice:
-        try:
-            return await engine.registered_voice(voice_id, owner)
-        except VoiceNotFoundError:
-            raise not_found(field, voice_id) from None
-
     def _owner(self, context: grpc.aio.ServicerContext) -> str:
-        return self.credentials.identity_of(context).owner
+        return self._steps.credentials.identity_of(context).owner
 
     # Synthesize
 
@@ -378,25 +176,12 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         async with self._call("Synthesize", context) as record:
             output = output_format(request.audio_format)
             stream = await self._start_whole_text(record, request, context)
-            waveform, summary = await self.whole_audio(stream, record)
+            waveform, summary = await self._steps.whole_audio(stream, record)
             audio = await asyncio.to_thread(encode_whole, waveform, output)
             return pb.SynthesizeResponse(
                 audio=audio, mime_type=output.mime_type, completion=self._completion(summary),
                 audio_format=pb.AudioFormat(encoding=ENCODING_NUMBERS[output.encoding],
                                             sample_rate=output.sample_rate))
-
-    async def whole_audio(self, stream: RequestStream, record: CallRecord) -> tuple[np.ndarray, SynthesisSummary]:
-        """A request's whole waveform once it has ended, its record finished; a request the server's limit or the
-        call's deadline aborted is an error."""
-        try:
-            waveform, summary = await stream.collect()
-        finally:
-            self.engine_or_unavailable().abort(record.request_id)
-        if summary.finish_reason is FinishReason.ABORTED:
-            raise self.deadline_error(record)
-        self._finish_record(record, summary)
-        self._log_done(summary)
-        return waveform, summary
 
     # SynthesizeOnline
 
@@ -407,15 +192,15 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             try:
                 async for message in self._audio_messages(stream, output, pb.SynthesizeOnlineResponse, record):
                     if message.HasField("completion") and message.completion.finish_reason == pb.FINISH_REASON_ABORTED:
-                        raise self.deadline_error(record)
+                        raise self._steps.deadline_error(record)
                     yield message
             finally:
-                self.engine_or_unavailable().abort(record.request_id)
+                self._steps.engine_or_unavailable().abort(record.request_id)
 
     async def _audio_messages(self, stream: RequestStream, output: OutputFormat, message_type: Any,
                               record: CallRecord) -> AsyncGenerator[Any, None]:
         """The stream's audio as response messages; the last one carries the completion."""
-        async for piece in self.encoded_audio(stream, output, record):
+        async for piece in self._steps.encoded_audio(stream, output, record):
             if piece.summary is None:
                 yield message_type(chunk=piece.chunk)
                 continue
@@ -424,145 +209,32 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                 last.chunk.CopyFrom(piece.chunk)
             yield last
 
-    async def encoded_audio(self, stream: RequestStream, output: OutputFormat,
-                            record: CallRecord) -> AsyncGenerator[EncodedAudio, None]:
-        """The stream's audio encoded as it comes; the last piece carries the summary, the record then finished."""
-        encoder = ChunkEncoder(output)
-        profile = self._server_phase_timer()
-        frame_rate_hz = self.engine_or_unavailable().model_info.frame_rate_hz
-        listener = ListenerLead(frame_rate_hz)
-        num_coalesced_frames = max(1, round(self.config.coalesced_message_seconds * frame_rate_hz))
-        async for piece in stream:
-            if record.first_audio_received is None:
-                record.first_audio_received = stream.first_audio_time
-            started = time.perf_counter()
-            chunk = await run_encoder(encoder, lambda piece=piece: encoder.encode(piece.samples))
-            if chunk is not None:
-                record.add_chunk(chunk.offset_seconds)
-                encoded = time.perf_counter()
-                yield EncodedAudio(chunk)
-                if profile is not None:  # the yield returns once the front door has written the chunk
-                    profile("encode", encoded - started)
-                    profile("write", time.perf_counter() - encoded)
-            listener.sent(piece.num_frames)
-            is_ahead = listener.lead_s >= self.config.coalesce_when_ahead_seconds
-            stream.take_at_least(num_coalesced_frames if is_ahead else 1)
-        summary = stream.summary
-        assert summary is not None
-        chunk = await run_encoder(encoder, encoder.finish)
-        if chunk is not None:
-            record.add_chunk(chunk.offset_seconds)
-        self._finish_record(record, summary)
-        self._log_done(summary)
-        yield EncodedAudio(chunk, summary)
-
     # StreamingSynthesize
 
     async def StreamingSynthesize(self, request_iterator: AsyncIterator[Any],
                                   context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with self._call("StreamingSynthesize", context) as record:
-            engine = self.engine_or_unavailable()
+            engine = self._steps.engine_or_unavailable()
             started = time.monotonic()
-            config = await first_config(request_iterator, self.config)
+            config = await first_config(request_iterator, self._config)
             output = output_format(config.audio_format)
-            prepared = await self.prepare(record, "", config.voice, config.generation, self._owner(context))
-            stream = await self.submit(prepared, record, context.time_remaining(), is_text_open=True)
-            call = TextCall(self.config, engine, record, started)
+            prepared = await self._steps.prepare(record, "", config.voice, config.generation, self._owner(context))
+            stream = await self._steps.submit(prepared, record, context.time_remaining(), is_text_open=True)
+            call = TextCall(self._config, engine, record, started)
             audio = self._audio_messages(stream, output, pb.StreamingSynthesizeResponse, record)
             async for message in call.responses(request_iterator, audio):
                 yield message
 
-    # Shared steps
-
-    async def prepare(self, record: CallRecord, text: str, voice: Any, generation: Any,
-                      owner: str) -> PreparedRequest:
-        """Check the request (a qwen3_tts.v1 VoiceSelection and GenerationConfig: the engine checks the voice at submit)
-        and clone its voice, if any; a registered voice is looked up among `owner`'s (see callers.Identity)."""
-        engine = self.engine_or_unavailable()
-        check_input_limits(text, voice, self.config.input_limits)
-        is_whole_text = record.rpc != "StreamingSynthesize"
-        params = generation_params(generation, self.config, engine.model_info, text if is_whole_text else None)
-        record.num_text_chars = len(text)
-        clone = await self._voice_clone(engine, voice, record, owner)
-        # Whole-text calls default as qwen-tts does for the model; streamed text keeps streaming.
-        default = engine.model_info.default_non_streaming_text if is_whole_text else False
-        return PreparedRequest(record.request_id,
-                               synthesis_input(text, voice, clone, non_streaming_text(generation, default)),
-                               params)
-
-    async def _voice_clone(self, engine: EngineDoor, voice: Any, record: CallRecord, owner: str) -> VoiceClone | None:
-        """The request's cloned voice: a registered one, or one cloned from its reference audio; None for none."""
-        if voice.voice_id:
-            check_voice_selection_by_id(voice, engine.model_info)
-            registered = await self._registered_voice(engine, voice.voice_id, owner, "voice.voice_id")
-            return registered.clone
-        if not voice.reference_audio:
-            return None
-        return await self._encode_reference(engine, voice, record, lambda wav: engine.clone_voice(
-            wav, voice.reference_text or None, voice.x_vector_only))
-
-    async def _encode_reference(self, engine: EngineDoor, voice: Any, record: CallRecord,
-                                encode: Callable[[np.ndarray], Awaitable[T]]) -> T:
-        """Decode the reference audio of `voice` (a VoiceSelection, or a CreateVoiceRequest, which has the same
-        reference fields) and `encode` it, within the server's limit on clones in progress."""
-        check_clone_request(voice, engine.model_info)
-        if self._num_clones_in_progress >= self.config.max_waiting_clones:
-            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"{self._num_clones_in_progress} voice clones are already being encoded, the most the "
-                           "server queues (--max-waiting-clones); retry shortly")
-        self._num_clones_in_progress += 1
-        started = time.monotonic()
-        try:
-            wav = await asyncio.get_running_loop().run_in_executor(self._decode_executor, decode_reference, voice,
-                                                                   self._reference_limits)
-            return await encode(wav)
-        finally:
-            self._num_clones_in_progress -= 1
-            record.voice_clone = (started, time.monotonic())
-
     async def _start_whole_text(self, record: CallRecord, request: Any,
                                 context: grpc.aio.ServicerContext) -> RequestStream:
         """A Synthesize or SynthesizeOnline request, checked and queued."""
-        prepared = await self.prepare(record, request.text, request.voice, request.generation, self._owner(context))
-        return await self.submit(prepared, record, context.time_remaining(), is_text_open=False)
-
-    async def submit(self, prepared: PreparedRequest, record: CallRecord, remaining_s: float | None,
-                     is_text_open: bool) -> RequestStream:
-        """Queue the request; its engine deadline is the call's deadline (`remaining_s` away; None: no deadline)
-        or the server's limit, the sooner."""
-        engine = self.engine_or_unavailable()
-        max_seconds = self.config.max_stream_seconds
-        deadline = engine.deadline_in(max_seconds if remaining_s is None else min(remaining_s, max_seconds))
-        if remaining_s is None or max_seconds < remaining_s:
-            self._limited_by_server.add(prepared.request_id)
-        stream = await engine.submit(SynthesisRequest(prepared.request_id, prepared.synthesis, prepared.params,
-                                                is_text_open=is_text_open, deadline=deadline))
-        record.is_submitted = True
-        return stream
-
-    def deadline_error(self, record: CallRecord) -> ApiError:
-        """Why a request whose call is still open was aborted: the server's limit, or the client's deadline, came
-        first (said even when the client's deadline passed only a moment ago, rather than ending with OK)."""
-        if record.request_id in self._limited_by_server:
-            return call_too_long_error(self.config)
-        return ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed before its audio was done")
-
-    def _server_phase_timer(self) -> Callable[[str, float], None] | None:
-        """With the step profiler on and metrics kept: records the server's own work per chunk."""
-        if self.metrics is None or not self.config.engine.profile_steps:
-            return None
-        return self.metrics.observe_server_phase
+        prepared = await self._steps.prepare(record, request.text, request.voice, request.generation,
+                                             self._owner(context))
+        return await self._steps.submit(prepared, record, context.time_remaining(), is_text_open=False)
 
     def _completion(self, summary: SynthesisSummary) -> Any:
-        model = self.engine_or_unavailable().model_info
+        model = self._steps.engine_or_unavailable().model_info
         return completion(summary, model.samples_per_frame, model.sample_rate)
-
-    @staticmethod
-    def _log_done(summary: SynthesisSummary) -> None:
-        logger.info("%s after %d frames (%d text tokens), queued %.3f s, first audio %s",
-                    summary.finish_reason.value, summary.num_frames, summary.num_text_tokens,
-                    summary.queue_time_s or 0.0, "-" if summary.time_to_first_audio_s is None
-                    else f"{summary.time_to_first_audio_s:.3f} s")
 
 
 # -- the server -----------------------------------------------------------------------------------
@@ -619,8 +291,10 @@ class TtsServer:
         self.calls = CallTracker(config.max_calls_per_caller)
         self.health = health.aio.HealthServicer()
         credentials = Credentials(config.api_keys)
-        self.service = TextToSpeechService(config, self.calls, credentials)
-        count_refusal = self.service.count_refusal
+        # Built once, for both front doors: one engine, one set of limits and metrics, whichever door a call takes.
+        self.steps = SpeechSteps(config, self.calls, credentials)
+        self.service = TextToSpeechService(self.steps)
+        count_refusal = self.steps.count_refusal
         interceptors: list[grpc.aio.ServerInterceptor] = [AdmissionInterceptor(self.state, count_refusal),
                                                           RequestParsingInterceptor()]
         if credentials.is_required:
@@ -664,7 +338,7 @@ class TtsServer:
         if config.metrics_port is not None:
 
             async def scrape(request: web.Request) -> web.Response:
-                metrics = self.service.metrics
+                metrics = self.steps.metrics
                 if metrics is None:  # its series carry the model's name, and the model is still loading
                     return web.Response(status=503, text="no metrics yet: the model is still loading\n")
                 render, content_type = choose_encoder(request.headers.get("Accept", ""))
@@ -673,12 +347,12 @@ class TtsServer:
             app = web.Application()
             app.router.add_get("/metrics", scrape)
             self._metrics_http = http_runner(app, config)
-        # The OpenAI-compatible API, on this loop as well, answered by the same servicer. A client that disconnects
+        # The OpenAI-compatible API, on this loop as well, on the same speech steps. A client that disconnects
         # cancels its handler, which aborts its request in the engine; after a drain, what is left gets the same
         # short grace as gRPC's calls.
         self._openai_http: web.AppRunner | None = None
         if config.http_port is not None:
-            api = OpenAISpeechApi(self.service, self.state, config)
+            api = OpenAISpeechApi(self.steps, self.state, config)
             self._openai_http = http_runner(api.app(), config, handler_cancellation=True,
                                             shutdown_timeout=_FLUSH_GRACE_S)
         self._http_listeners: list[asyncio.Server] = []
@@ -739,9 +413,9 @@ class TtsServer:
         with `tracer` when given."""
         if metrics is not None:
             watch_engine(metrics, engine)
-            self.service.metrics = metrics
-        self.service.tracer = tracer
-        self.service.engine = engine
+            self.steps.metrics = metrics
+        self.steps.tracer = tracer
+        self.steps.engine = engine
         self.state.is_ready = True
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if engine.model_info.is_random:
@@ -777,10 +451,10 @@ class TtsServer:
         if self._health_server is not None:
             await self._health_server.stop(grace=None)
         await self._stop_http()
-        engine = self.service.engine
+        engine = self.steps.engine
         if engine is not None:
             await engine.stop()
-        self.service.close()
+        self.steps.close()
         logger.info("stopped")
 
     async def wait_for_termination(self) -> None:

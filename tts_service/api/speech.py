@@ -1,0 +1,370 @@
+"""The steps of a speech call that both front doors take, the gRPC servicer (`server.py`) and the OpenAI-compatible
+HTTP API (`openai_http.py`), so that a call is limited, observed and answered alike through either.
+
+`SpeechSteps` holds what a call needs once the door has parsed it into qwen3_tts.v1 messages: the call's frame
+(`speech_call`: request id, per-caller limit, drain tracking, metrics, span and log tags, the server's limit on
+its life), its checks and voice (`prepare`), its queueing (`submit`) and its audio (`encoded_audio` as the engine
+produces it, `whole_audio` once it has ended). Errors are ApiErrors with gRPC's status codes, which each door
+translates into its own protocol. Neither door imports the other: the server builds one SpeechSteps and hands it
+to both.
+
+Every engine call happens on the event loop's thread, as the engine requires. Reference audio is decoded in a
+worker thread and the engine clones voices in its own, so that the loop keeps serving. The steps talk to the
+engine's public methods only, never to its runner or scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+
+from observability.calls import CallRecord, CallResult
+from observability.logs import bind_call
+from observability.metrics import ServiceMetrics
+from observability.tracing import CallTracer, trace_id_of
+from tts_service.api.callers import Credentials
+from tts_service.api.config import ServerConfig
+from tts_service.api.errors import ApiError
+from tts_service.api.messages import (
+    ChunkEncoder,
+    check_clone_request,
+    check_input_limits,
+    decode_reference,
+    generation_params,
+    non_streaming_text,
+    run_encoder,
+    synthesis_input,
+)
+from tts_service.api.text_call import call_too_long_error
+from tts_service.api.voices import check_voice_selection_by_id, not_found
+from tts_service.audio.output import OutputFormat
+from tts_service.audio.reference import AudioLimits
+from tts_service.engine import (
+    EngineDoor,
+    FinishReason,
+    GenerationParams,
+    RegisteredVoice,
+    RequestFailed,
+    RequestStream,
+    SynthesisInput,
+    SynthesisRequest,
+    SynthesisSummary,
+    VoiceClone,
+    VoiceNotFoundError,
+)
+
+# The front door's lines under one logger, whichever of its modules writes them (as errors.py's and openai_http.py's).
+logger = logging.getLogger("tts_service.api.server")
+
+T = TypeVar("T")
+# How long past the server's call limit a call may stay open (only one whose writes are stuck does).
+_STUCK_CALL_GRACE_S = 5.0
+
+
+class CallTracker:
+    """Counts the calls in progress, in all (so that draining can wait for them) and by caller (so that one
+    caller cannot take every place: beyond `max_calls_per_caller` its calls get RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, max_calls_per_caller: int | None = None) -> None:
+        self.num_active = 0
+        self._max_calls_per_caller = max_calls_per_caller
+        self._num_by_caller: Counter[str] = Counter()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def track(self, caller: str = "") -> AsyncIterator[None]:
+        limit = self._max_calls_per_caller
+        if limit is not None and self._num_by_caller[caller] >= limit:
+            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"this caller already has {limit} calls in progress, the most one caller may have "
+                           "(--max-calls-per-caller); retry when one has ended")
+        self.num_active += 1
+        self._num_by_caller[caller] += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.num_active -= 1
+            self._num_by_caller[caller] -= 1
+            if not self._num_by_caller[caller]:
+                del self._num_by_caller[caller]
+            if self.num_active == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        return self.num_active == 0
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    request_id: str
+    synthesis: SynthesisInput
+    params: GenerationParams
+
+
+@dataclass(frozen=True)
+class EncodedAudio:
+    """One piece of a request's encoded audio; the last piece carries the summary (and maybe no audio)."""
+
+    chunk: Any | None  # an AudioChunk message
+    summary: SynthesisSummary | None = None
+
+
+class ListenerLead:
+    """How far a listener who started playing at the first chunk is from running out: audio sent minus audio
+    played, at the time of the last chunk."""
+
+    def __init__(self, frame_rate_hz: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._frame_s = 1.0 / frame_rate_hz
+        self._clock = clock  # the listener's playback clock
+        self._first_sent: float | None = None
+        self._num_frames = 0
+        self.lead_s = 0.0
+
+    def sent(self, num_frames: int) -> None:
+        now = self._clock()
+        if self._first_sent is None:
+            self._first_sent = now
+        self._num_frames += num_frames
+        self.lead_s = self._num_frames * self._frame_s - (now - self._first_sent)
+
+
+# How a speech call's status is named when an exception ends it (gRPC's status names, for either front door).
+EndingStatus = Callable[[CallRecord, BaseException], str]
+
+
+class SpeechSteps:
+    """A speech call's steps, shared by both front doors, and what they need: the engine (None until the server
+    serves it), the metrics and tracer, the calls in progress and the callers' credentials."""
+
+    def __init__(self, config: ServerConfig, calls: CallTracker, credentials: Credentials) -> None:
+        self.config = config
+        self.calls = calls
+        self.credentials = credentials
+        self.engine: EngineDoor | None = None
+        self.metrics: ServiceMetrics | None = None
+        self.tracer: CallTracer | None = None
+        self._reference_limits = AudioLimits(max_seconds=config.engine.max_reference_audio_s)
+        # One reference recording decoded at a time: decoding is heavy and must stay off the event loop.
+        self._decode_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-reference-audio")
+        self._num_clones_in_progress = 0
+        self._expired_ids: set[str] = set()
+        self._limited_by_server: set[str] = set()  # calls whose request ends at the server's limit, not the client's
+
+    def close(self) -> None:
+        self._decode_executor.shutdown(wait=False, cancel_futures=True)
+
+    @contextlib.asynccontextmanager
+    async def speech_call(self, rpc: str, caller: str, metadata: Iterable[tuple[str, str | bytes]],
+                          ending_status: EndingStatus,
+                          answering: contextlib.AbstractAsyncContextManager[Any] | None = None,
+                          http_route: str | None = None) -> AsyncIterator[CallRecord]:
+        """A speech call's frame, whichever front door it came through: request id, the per-caller limit, drain
+        tracking, observation (metrics, span, log tags), and the server's limit on the call's life. `answering`
+        turns errors into the protocol's answer inside the observation, which then sees that answer."""
+        record = CallRecord(rpc, uuid.uuid4().hex, http_route)
+        # The engine ends the request at the limit; this ends a call stuck writing to a client that reads nothing.
+        expiry = asyncio.get_running_loop().call_later(self.config.max_stream_seconds + _STUCK_CALL_GRACE_S,
+                                                       self._expire, record, asyncio.current_task())
+        try:
+            async with (self._observed(record, metadata, ending_status), answering or contextlib.nullcontext(),
+                        self.calls.track(caller)):
+                try:
+                    yield record
+                except RequestFailed as error:  # the engine's summary says how far the request got
+                    self._finish_record(record, error.summary)
+                    raise
+        finally:
+            expiry.cancel()
+
+    def was_expired(self, record: CallRecord) -> bool:
+        """Whether the server's limit on a call's life ended this call."""
+        return record.request_id in self._expired_ids
+
+    def _expire(self, record: CallRecord, task: asyncio.Task[Any] | None) -> None:
+        logger.warning("ending a call still open %g s after the server's limit", _STUCK_CALL_GRACE_S)
+        self._expired_ids.add(record.request_id)
+        if task is not None:
+            task.cancel()
+
+    @contextlib.asynccontextmanager
+    async def _observed(self, record: CallRecord, metadata: Iterable[tuple[str, str | bytes]],
+                        ending_status: EndingStatus) -> AsyncIterator[None]:
+        """The call's span and log tags from its start; metrics and the span's end with the status it ends with."""
+        tracer = self.tracer
+        span = tracer.start(record, metadata) if tracer is not None else None
+        bind_call(record.request_id, trace_id_of(span) if span is not None else None)
+        status = "OK"
+        try:
+            yield
+        except BaseException as error:
+            status = ending_status(record, error)
+            raise
+        finally:
+            self._expired_ids.discard(record.request_id)
+            self._limited_by_server.discard(record.request_id)
+            if self.metrics is not None:
+                self.metrics.observe_call(record, status)
+            if tracer is not None and span is not None:
+                tracer.end(span, record, status)
+
+    def _finish_record(self, record: CallRecord, summary: SynthesisSummary) -> None:
+        model = self.engine_or_unavailable().model_info
+        record.result = CallResult(summary.finish_reason.value, summary.timeline, summary.num_frames,
+                                   summary.num_text_tokens, model.audio_seconds(summary.num_frames))
+
+    def count_refusal(self, rpc: str, code: grpc.StatusCode) -> None:
+        """A call refused before it ran (no valid key, the server not serving), on either front door."""
+        if self.metrics is not None:
+            self.metrics.observe_refusal(rpc, code.name)
+
+    def engine_or_unavailable(self) -> EngineDoor:
+        if self.engine is None:
+            raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading its model; retry")
+        return self.engine
+
+    async def prepare(self, record: CallRecord, text: str, voice: Any, generation: Any,
+                      owner: str) -> PreparedRequest:
+        """Check the request (a qwen3_tts.v1 VoiceSelection and GenerationConfig: the engine checks the voice at submit)
+        and clone its voice, if any; a registered voice is looked up among `owner`'s (see callers.Identity)."""
+        engine = self.engine_or_unavailable()
+        check_input_limits(text, voice, self.config.input_limits)
+        is_whole_text = record.rpc != "StreamingSynthesize"
+        params = generation_params(generation, self.config, engine.model_info, text if is_whole_text else None)
+        record.num_text_chars = len(text)
+        clone = await self._voice_clone(engine, voice, record, owner)
+        # Whole-text calls default as qwen-tts does for the model; streamed text keeps streaming.
+        default = engine.model_info.default_non_streaming_text if is_whole_text else False
+        return PreparedRequest(record.request_id,
+                               synthesis_input(text, voice, clone, non_streaming_text(generation, default)),
+                               params)
+
+    async def _voice_clone(self, engine: EngineDoor, voice: Any, record: CallRecord, owner: str) -> VoiceClone | None:
+        """The request's cloned voice: a registered one, or one cloned from its reference audio; None for none."""
+        if voice.voice_id:
+            check_voice_selection_by_id(voice, engine.model_info)
+            registered = await self.registered_voice(engine, voice.voice_id, owner, "voice.voice_id")
+            return registered.clone
+        if not voice.reference_audio:
+            return None
+        return await self.encode_reference(engine, voice, record, lambda wav: engine.clone_voice(
+            wav, voice.reference_text or None, voice.x_vector_only))
+
+    async def registered_voice(self, engine: EngineDoor, voice_id: str, owner: str, field: str) -> RegisteredVoice:
+        """`owner`'s voice `voice_id`; NOT_FOUND, naming the request's `field`, when it has none by that id."""
+        try:
+            return await engine.registered_voice(voice_id, owner)
+        except VoiceNotFoundError:
+            raise not_found(field, voice_id) from None
+
+    async def encode_reference(self, engine: EngineDoor, voice: Any, record: CallRecord,
+                               encode: Callable[[np.ndarray], Awaitable[T]]) -> T:
+        """Decode the reference audio of `voice` (a VoiceSelection, or a CreateVoiceRequest, which has the same
+        reference fields) and `encode` it, within the server's limit on clones in progress."""
+        check_clone_request(voice, engine.model_info)
+        if self._num_clones_in_progress >= self.config.max_waiting_clones:
+            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"{self._num_clones_in_progress} voice clones are already being encoded, the most the "
+                           "server queues (--max-waiting-clones); retry shortly")
+        self._num_clones_in_progress += 1
+        started = time.monotonic()
+        try:
+            wav = await asyncio.get_running_loop().run_in_executor(self._decode_executor, decode_reference, voice,
+                                                                   self._reference_limits)
+            return await encode(wav)
+        finally:
+            self._num_clones_in_progress -= 1
+            record.voice_clone = (started, time.monotonic())
+
+    async def submit(self, prepared: PreparedRequest, record: CallRecord, remaining_s: float | None,
+                     is_text_open: bool) -> RequestStream:
+        """Queue the request; its engine deadline is the call's deadline (`remaining_s` away; None: no deadline)
+        or the server's limit, the sooner."""
+        engine = self.engine_or_unavailable()
+        max_seconds = self.config.max_stream_seconds
+        deadline = engine.deadline_in(max_seconds if remaining_s is None else min(remaining_s, max_seconds))
+        if remaining_s is None or max_seconds < remaining_s:
+            self._limited_by_server.add(prepared.request_id)
+        stream = await engine.submit(SynthesisRequest(prepared.request_id, prepared.synthesis, prepared.params,
+                                                is_text_open=is_text_open, deadline=deadline))
+        record.is_submitted = True
+        return stream
+
+    async def encoded_audio(self, stream: RequestStream, output: OutputFormat,
+                            record: CallRecord) -> AsyncGenerator[EncodedAudio, None]:
+        """The stream's audio encoded as it comes; the last piece carries the summary, the record then finished."""
+        encoder = ChunkEncoder(output)
+        profile = self._server_phase_timer()
+        frame_rate_hz = self.engine_or_unavailable().model_info.frame_rate_hz
+        listener = ListenerLead(frame_rate_hz)
+        num_coalesced_frames = max(1, round(self.config.coalesced_message_seconds * frame_rate_hz))
+        async for piece in stream:
+            if record.first_audio_received is None:
+                record.first_audio_received = stream.first_audio_time
+            started = time.perf_counter()
+            chunk = await run_encoder(encoder, lambda piece=piece: encoder.encode(piece.samples))
+            if chunk is not None:
+                record.add_chunk(chunk.offset_seconds)
+                encoded = time.perf_counter()
+                yield EncodedAudio(chunk)
+                if profile is not None:  # the yield returns once the front door has written the chunk
+                    profile("encode", encoded - started)
+                    profile("write", time.perf_counter() - encoded)
+            listener.sent(piece.num_frames)
+            is_ahead = listener.lead_s >= self.config.coalesce_when_ahead_seconds
+            stream.take_at_least(num_coalesced_frames if is_ahead else 1)
+        summary = stream.summary
+        assert summary is not None
+        chunk = await run_encoder(encoder, encoder.finish)
+        if chunk is not None:
+            record.add_chunk(chunk.offset_seconds)
+        self._finish_record(record, summary)
+        self._log_done(summary)
+        yield EncodedAudio(chunk, summary)
+
+    async def whole_audio(self, stream: RequestStream, record: CallRecord) -> tuple[np.ndarray, SynthesisSummary]:
+        """A request's whole waveform once it has ended, its record finished; a request the server's limit or the
+        call's deadline aborted is an error."""
+        try:
+            waveform, summary = await stream.collect()
+        finally:
+            self.engine_or_unavailable().abort(record.request_id)
+        if summary.finish_reason is FinishReason.ABORTED:
+            raise self.deadline_error(record)
+        self._finish_record(record, summary)
+        self._log_done(summary)
+        return waveform, summary
+
+    def deadline_error(self, record: CallRecord) -> ApiError:
+        """Why a request whose call is still open was aborted: the server's limit, or the client's deadline, came
+        first (said even when the client's deadline passed only a moment ago, rather than ending with OK)."""
+        if record.request_id in self._limited_by_server:
+            return call_too_long_error(self.config)
+        return ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed before its audio was done")
+
+    def _server_phase_timer(self) -> Callable[[str, float], None] | None:
+        """With the step profiler on and metrics kept: records the server's own work per chunk."""
+        if self.metrics is None or not self.config.engine.profile_steps:
+            return None
+        return self.metrics.observe_server_phase
+
+    @staticmethod
+    def _log_done(summary: SynthesisSummary) -> None:
+        logger.info("%s after %d frames (%d text tokens), queued %.3f s, first audio %s",
+                    summary.finish_reason.value, summary.num_frames, summary.num_text_tokens,
+                    summary.queue_time_s or 0.0, "-" if summary.time_to_first_audio_s is None
+                    else f"{summary.time_to_first_audio_s:.3f} s")
