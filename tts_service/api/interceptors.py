@@ -3,6 +3,7 @@ request parsing (INVALID_ARGUMENT for a message whose bytes do not parse)."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import dataclasses
@@ -152,24 +153,49 @@ def method_name(method: str) -> str:
     return method.rpartition("/")[2]
 
 
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Every call but health checks presents exactly one credential, a configured key (callers.Credentials)."""
+class RefusingInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses the calls it covers that `refusal` finds a reason to refuse, before they run; each refusal is
+    counted through `on_refused`."""
 
-    def __init__(self, credentials: Credentials, on_refused: RefusalObserver) -> None:
-        self._credentials = credentials
+    def __init__(self, on_refused: RefusalObserver) -> None:
         self._on_refused = on_refused
+
+    @abc.abstractmethod
+    def covers(self, method: str) -> bool:
+        """Whether calls of `method` ("/package.Service/Method") are this interceptor's to refuse."""
+
+    @abc.abstractmethod
+    def refusal(self, details: grpc.HandlerCallDetails) -> ApiError | None:
+        """Why the call may not run; None: it may."""
 
     async def intercept_service(self, continuation: Continuation,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
-        if handler is None or details.method.startswith(_HEALTH_SERVICE_PREFIX):
+        if handler is None or not self.covers(details.method):
             return handler
+        error = self.refusal(details)
+        if error is None:
+            return handler
+        self._on_refused(method_name(details.method), error.code)
+        return refusing_handler(handler, error.code, error.message)
+
+
+class ApiKeyInterceptor(RefusingInterceptor):
+    """Every call but health checks presents exactly one credential, a configured key (callers.Credentials)."""
+
+    def __init__(self, credentials: Credentials, on_refused: RefusalObserver) -> None:
+        super().__init__(on_refused)
+        self._credentials = credentials
+
+    def covers(self, method: str) -> bool:
+        return not method.startswith(_HEALTH_SERVICE_PREFIX)
+
+    def refusal(self, details: grpc.HandlerCallDetails) -> ApiError | None:
         try:
             self._credentials.authenticate(details.invocation_metadata or ())
         except ApiError as error:
-            self._on_refused(method_name(details.method), error.code)
-            return refusing_handler(handler, error.code, error.message)
-        return handler
+            return error
+        return None
 
 
 class ServingState:
@@ -178,26 +204,22 @@ class ServingState:
         self.is_draining = False
 
 
-class AdmissionInterceptor(grpc.aio.ServerInterceptor):
+class AdmissionInterceptor(RefusingInterceptor):
     """Speech calls get UNAVAILABLE while the model loads and while the server drains."""
 
     def __init__(self, state: ServingState, on_refused: RefusalObserver) -> None:
+        super().__init__(on_refused)
         self._state = state
-        self._on_refused = on_refused
 
-    async def intercept_service(self, continuation: Continuation,
-                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(_TTS_METHOD_PREFIX):
-            return handler
+    def covers(self, method: str) -> bool:
+        return method.startswith(_TTS_METHOD_PREFIX)
+
+    def refusal(self, details: grpc.HandlerCallDetails) -> ApiError | None:
         if self._state.is_draining:
-            message = "the server is shutting down; retry"
-        elif not self._state.is_ready:
-            message = "the server is still loading; retry"
-        else:
-            return handler
-        self._on_refused(method_name(details.method), grpc.StatusCode.UNAVAILABLE)
-        return refusing_handler(handler, grpc.StatusCode.UNAVAILABLE, message)
+            return ApiError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry")
+        if not self._state.is_ready:
+            return ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading; retry")
+        return None
 
 
 class RequestParsingInterceptor(grpc.aio.ServerInterceptor):

@@ -35,6 +35,7 @@ from scheduler.request import FinishReason, Request
 from scheduler.scheduler import Scheduler
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.model_info import ModelInfo
+from tts_service.engine.step_observers import StepObservers
 from tts_service.engine.step_work import (
     AudioInFlight,
     CodecWork,
@@ -166,7 +167,7 @@ class _StepInFlight:
     launch_s: float
 
 
-class Engine:
+class Engine(StepObservers):
     """The one door below the API: submit, text, abort, clone a voice, stats, health.
 
     `runner` and `scheduler` are attributes for tests and benchmarks to inspect; the API uses only the
@@ -178,12 +179,12 @@ class Engine:
                  max_unread_frames: int | None = None, voices: VoiceStore | None = None,
                  new_stream: Callable[[str], RequestStream] | None = None,
                  min_decodes_to_schedule_ahead: int | None = None) -> None:
+        super().__init__(clock)
         self.runner = runner
         self.min_decodes_to_schedule_ahead = min_decodes_to_schedule_ahead  # as EngineConfig's; None: never
         self.scheduler = scheduler
         self.prompts = prompts
         self.tokenization = tokenization
-        self.clock = clock
         self.model_info = ModelInfo.of(model)
         self._model = model
         self.max_unread_frames = max_unread_frames  # None: a reader may fall behind without limit
@@ -212,8 +213,6 @@ class Engine:
         self.runner_call_since: float | None = None
         self._audio_out: _AudioOut | None = None  # the last step's audio, handed out during the next step
         self.stats = EngineStats()
-        # Called once per step on the loop with host-side numbers only (metrics); never syncs the device.
-        self._step_observers: list[Callable[[StepObservation], None]] = []
 
     @classmethod
     def create(cls, model: LoadedModel, config: EngineConfig, clock: Clock = time.monotonic,
@@ -303,17 +302,6 @@ class Engine:
     def captured_graph_batch_sizes(self) -> dict[str, list[int]]:
         """The batch sizes captured as CUDA graphs, by kind of step (empty without graphs)."""
         return self.runner.captured_graph_batch_sizes()
-
-    def add_step_observer(self, observer: Callable[[StepObservation], None]) -> None:
-        """Call `observer` on the loop after every step, with host-side numbers only."""
-        self._step_observers.append(observer)
-
-    def remove_step_observer(self, observer: Callable[[StepObservation], None]) -> None:
-        self._step_observers.remove(observer)
-
-    def deadline_in(self, seconds: float) -> float:
-        """A request deadline `seconds` from now, on the engine's clock."""
-        return self.clock() + seconds
 
     # -- calls from the server ----------------------------------------------------------------
 

@@ -29,12 +29,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from observability.calls import RequestTimeline
-from observability.metrics import StepObservation
 from scheduler.request import FinishReason
 from tts_service.engine.core_process import CoreSpec, run_core
 from tts_service.engine.door import EngineCalls, EngineNotices, declared_name
 from tts_service.engine.engine import EngineOccupancy, EngineStats, EngineStoppedError
 from tts_service.engine.model_info import ModelInfo
+from tts_service.engine.step_observers import StepObservers
 from tts_service.engine.streams import AudioChunk, RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.voice_files import RegisteredVoice
 from tts_service.engine.warm_up import warm_up
@@ -109,23 +109,22 @@ class _Pending:
         self.num_frames = 0
 
 
-class EngineProcess:
+class EngineProcess(StepObservers):
     """The engine core in its own process, behind the engine's door."""
 
     def __init__(self, process: multiprocessing.process.BaseProcess, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter, ready: Ready, stall_timeout_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(clock)
         self._process = process
         self._writer = writer
         self.model_info: ModelInfo = ready.model_info
         self.max_unread_frames = ready.max_unread_frames
         self._graph_batch_sizes = ready.captured_graph_batch_sizes
         self._occupancy = ready.occupancy
-        self.clock = clock
         self._streams: dict[str, _Pending] = {}
         self._replies: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
-        self._step_observers: list[Callable[[StepObservation], None]] = []
         self.stats = EngineStats()  # from the core's step observations: its runner's own time is not among them
         self._is_stopping = False
         self._exited = asyncio.Event()
@@ -190,16 +189,6 @@ class EngineProcess:
 
     def captured_graph_batch_sizes(self) -> dict[str, list[int]]:
         return self._graph_batch_sizes
-
-    def add_step_observer(self, observer: Callable[[StepObservation], None]) -> None:
-        self._step_observers.append(observer)
-
-    def remove_step_observer(self, observer: Callable[[StepObservation], None]) -> None:
-        self._step_observers.remove(observer)
-
-    def deadline_in(self, seconds: float) -> float:
-        """A request deadline `seconds` from now: CLOCK_MONOTONIC is one clock for every process of the host."""
-        return self.clock() + seconds
 
     async def wait_exited(self) -> None:
         """Return once the core's process has gone (asked to or not)."""
