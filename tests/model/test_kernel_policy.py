@@ -76,6 +76,14 @@ def test_the_active_paths_say_what_the_run_takes() -> None:
     assert not any(value for key, value in cpu.items() if key not in ("device", "dtype", "triton"))
 
 
+def test_the_paths_taken_name_the_fused_paths_on_and_not_triton_being_importable() -> None:
+    paths = KernelPolicy.build(CUDA, torch.float32).active_paths(decode_attention=True, predictor_pass=False)
+    assert KernelPolicy.paths_taken(paths) == ("fused_layers", "paged_decode_attention", "sampling_kernels",
+                                               "programmatic_dependent_launch")
+    cpu = KernelPolicy.build("cpu", torch.bfloat16).active_paths(decode_attention=False, predictor_pass=False)
+    assert KernelPolicy.paths_taken(cpu) == ()
+
+
 @pytest.mark.parametrize(("num_rows", "expected"), [(0, False), (1, True), (MAX_PREDICTOR_PASS_ROWS, True),
                                                     (MAX_PREDICTOR_PASS_ROWS + 1, False)])
 def test_the_predictor_pass_serves_one_or_two_rows(num_rows: int, expected: bool) -> None:

@@ -117,12 +117,15 @@ def test_failures_that_do_not_pass_by_waiting_are_not_retried(fake_hub: FakeHub,
     assert fake_hub.sleeps == []
 
 
-def test_random_weights_show_in_build_info_and_in_the_http_model_list(tiny_models: dict[str, LoadedModel]) -> None:
+def test_random_weights_and_kernel_paths_show_in_build_info_and_random_weights_in_the_model_list(
+        tiny_models: dict[str, LoadedModel]) -> None:
     random_model = load_model("random:tiny-custom_voice", LoadOptions.default_for("cpu"))
     for model, is_random in ((random_model, "true"), (tiny_models["custom_voice"], "false")):
         metrics = create_metrics(ServerConfig(metrics_port=free_port()), ModelInfo.of(model))
         assert metrics is not None
-        assert f'random_weights="{is_random}"' in generate_latest(metrics.registry).decode()
+        exposition = generate_latest(metrics.registry).decode()
+        assert f'random_weights="{is_random}"' in exposition
+        assert 'kernels="none"' in exposition  # the CPU takes no fused path
     http_port = free_port()
     server = start_server(random_model, http_port=http_port)
     try:

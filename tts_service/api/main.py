@@ -105,7 +105,8 @@ def create_metrics(config: ServerConfig, model: ModelInfo) -> ServiceMetrics | N
     metrics = ServiceMetrics(model.source, mode)
     metrics.build_info.info({"version": package_version(), "model": model.source, "mode": mode,
                              "dtype": model.dtype, "device": model.device,
-                             "random_weights": str(model.is_random).lower()})
+                             "random_weights": str(model.is_random).lower(),
+                             "kernels": ",".join(model.kernel_paths) or "none"})
     return metrics
 
 

@@ -185,7 +185,7 @@ class Engine(StepObservers):
         self.scheduler = scheduler
         self.prompts = prompts
         self.tokenization = tokenization
-        self.model_info = ModelInfo.of(model)
+        self.model_info = ModelInfo.of(model, runner.kernel_paths)
         self._model = model
         self.max_unread_frames = max_unread_frames  # None: a reader may fall behind without limit
         # How a request's stream is made: by default one that its reader, in this process, iterates.

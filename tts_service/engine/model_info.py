@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tts_service.model.checkpoint import LoadedModel
+from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.speech_length import estimated_speech_seconds
 from tts_service.runner.params import GenerationParams, params_from_generation_config
 
@@ -30,9 +31,11 @@ class ModelInfo:
     # the reference's own defaults; the whole text up front except for Base (voice clone) models.
     default_params: GenerationParams
     default_non_streaming_text: bool
+    # The runner's fused paths this run takes (`KernelPolicy.active_paths`, those on); empty on the eager path.
+    kernel_paths: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, model: LoadedModel) -> ModelInfo:
+    def of(cls, model: LoadedModel, kernel_paths: dict[str, bool | str] | None = None) -> ModelInfo:
         config = model.config
         speech = model.speech_config
         return cls(
@@ -44,7 +47,8 @@ class ModelInfo:
             samples_per_frame=speech.samples_per_frame, sample_rate=speech.output_sample_rate,
             dtype=str(model.talker.codec_head.weight.dtype).removeprefix("torch."), device=str(model.device),
             default_params=params_from_generation_config(model.generation_config),
-            default_non_streaming_text=config.model_type != "base")
+            default_non_streaming_text=config.model_type != "base",
+            kernel_paths=KernelPolicy.paths_taken(kernel_paths or {}))
 
     @property
     def speakers(self) -> list[str]:

@@ -26,9 +26,9 @@ from tts_service.model.configs import CodecDecoderConfig
 from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.layers import (
     MLP,
+    PackedProjections,
     RMSNorm,
     apply_rope,
-    pack_weights,
     rope_cos_sin,
     rope_inverse_frequencies,
     use_fused_kernels,
@@ -427,25 +427,10 @@ class _LayerScale(nn.Module):
         return self.scale * x
 
 
-class _Attention(nn.Module):
+class _Attention(PackedProjections):
     def __init__(self, config: CodecDecoderConfig) -> None:
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
+        super().__init__(config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         self.window = config.sliding_window
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
-        self.qkv_weight: torch.Tensor | None
-        self.register_buffer("qkv_weight", None, persistent=False)
-        self.is_fused = False
-
-    def pack_projections(self) -> None:
-        """Hold q, k and v as slices of one weight, so that they are computed in one GEMM."""
-        if self.qkv_weight is None:
-            self.qkv_weight = pack_weights(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, frames: _WindowFrames,
                 held_keys: torch.Tensor, held_values: torch.Tensor) -> torch.Tensor:
@@ -461,8 +446,7 @@ class _Attention(nn.Module):
                 return self.o_proj(fused_ops.window_attention(qkv, self.num_heads, cos, sin, frames.position,
                                                               held_keys, held_values, self.head_dim ** -0.5,
                                                               frames.ring_rows))
-            kv_width = self.num_kv_heads * self.head_dim
-            q, k, v = qkv.split((self.num_heads * self.head_dim, kv_width, kv_width), -1)
+            q, k, v = self.split_packed(qkv)
         rings = None
         if frames.ring_rows is not None:  # this call's rings out of every stream's, and back after
             rings = held_keys, held_values

@@ -7,7 +7,7 @@ and every error names the file and the key (`ConfigSection`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,8 +125,8 @@ def _as_section(raw: object, file: str, path: str) -> ConfigSection:
 
 
 @dataclass(frozen=True)
-class DecoderLayerStack:
-    """The shape of a Qwen3-style decoder stack (talker or code predictor)."""
+class AttentionStackShape:
+    """The sizes of a Qwen3-style attention stack: the talker's, the code predictor's or the codec decoder's."""
 
     hidden_size: int
     intermediate_size: int
@@ -136,6 +136,35 @@ class DecoderLayerStack:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
+
+    @staticmethod
+    def read_shape(raw: ConfigSection, defaults: Mapping[str, float]) -> dict[str, Any]:
+        """The shape's fields as keywords; a key absent from `raw` takes its entry in `defaults` or is required."""
+        def default(key: str) -> Any:
+            return defaults.get(key, _MISSING)
+
+        hidden_size = raw.positive("hidden_size", default("hidden_size"))
+        heads = raw.positive("num_attention_heads", default("num_attention_heads"))
+        key_value_heads = raw.positive("num_key_value_heads", heads)
+        if heads % key_value_heads:
+            raise raw.error("num_attention_heads", f"({heads}) must be a multiple of num_key_value_heads "
+                                                   f"({key_value_heads})")
+        return {
+            "hidden_size": hidden_size,
+            "intermediate_size": raw.positive("intermediate_size", default("intermediate_size")),
+            "num_hidden_layers": raw.positive("num_hidden_layers", default("num_hidden_layers")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": key_value_heads,
+            "head_dim": raw.positive("head_dim", hidden_size // heads),
+            "rms_norm_eps": raw.number("rms_norm_eps", default("rms_norm_eps")),
+            "rope_theta": raw.number("rope_theta", 10000.0),
+        }
+
+
+@dataclass(frozen=True)
+class DecoderLayerStack(AttentionStackShape):
+    """The shape of a Qwen3-style decoder stack (talker or code predictor): the attention stack and its vocabulary."""
+
     vocab_size: int
 
     @classmethod
@@ -144,23 +173,7 @@ class DecoderLayerStack:
             raise raw.error("hidden_act", "must be 'silu', the only activation supported")
         if raw.boolean("attention_bias", False):
             raise raw.error("attention_bias", "is not supported")
-        hidden_size = raw.positive("hidden_size")
-        heads = raw.positive("num_attention_heads")
-        key_value_heads = raw.positive("num_key_value_heads", heads)
-        if heads % key_value_heads:
-            raise raw.error("num_attention_heads", f"({heads}) must be a multiple of num_key_value_heads "
-                                                   f"({key_value_heads})")
-        return cls(
-            hidden_size=hidden_size,
-            intermediate_size=raw.positive("intermediate_size"),
-            num_hidden_layers=raw.positive("num_hidden_layers"),
-            num_attention_heads=heads,
-            num_key_value_heads=key_value_heads,
-            head_dim=raw.positive("head_dim", hidden_size // heads),
-            rms_norm_eps=raw.number("rms_norm_eps", 1e-6),
-            rope_theta=raw.number("rope_theta", 10000.0),
-            vocab_size=raw.positive("vocab_size"),
-        )
+        return cls(**cls.read_shape(raw, {"rms_norm_eps": 1e-6}), vocab_size=raw.positive("vocab_size"))
 
 
 @dataclass(frozen=True)
@@ -325,21 +338,13 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class CodecDecoderConfig:
-    """`decoder_config` of the 12 Hz speech tokenizer."""
+class CodecDecoderConfig(AttentionStackShape):
+    """`decoder_config` of the 12 Hz speech tokenizer; its pre-transformer is the attention stack."""
 
     codebook_size: int
     codebook_dim: int
     latent_dim: int
     decoder_dim: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
     sliding_window: int
     layer_scale_initial_scale: float
     max_position_embeddings: int
@@ -354,21 +359,14 @@ class CodecDecoderConfig:
     def parse(cls, raw: ConfigSection | dict[str, Any]) -> CodecDecoderConfig:
         """`decoder_config`, as its section of `speech_tokenizer/config.json` or as the JSON object."""
         raw = _as_section(raw, SPEECH_TOKENIZER_CONFIG_FILE, "decoder_config")
-        heads = raw.positive("num_attention_heads", 16)
-        hidden = raw.positive("hidden_size", 1024)
+        shape = cls.read_shape(raw, {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 8,
+                                     "num_attention_heads": 16, "rms_norm_eps": 1e-5})
         return cls(
+            **shape,
             codebook_size=raw.positive("codebook_size", 2048),
             codebook_dim=raw.positive("codebook_dim", 512),
             latent_dim=raw.positive("latent_dim", 1024),
             decoder_dim=raw.positive("decoder_dim", 1536),
-            hidden_size=hidden,
-            intermediate_size=raw.positive("intermediate_size", 3072),
-            num_hidden_layers=raw.positive("num_hidden_layers", 8),
-            num_attention_heads=heads,
-            num_key_value_heads=raw.positive("num_key_value_heads", heads),
-            head_dim=raw.positive("head_dim", hidden // heads),
-            rms_norm_eps=raw.number("rms_norm_eps", 1e-5),
-            rope_theta=raw.number("rope_theta", 10000.0),
             sliding_window=raw.positive("sliding_window", 72),
             layer_scale_initial_scale=raw.number("layer_scale_initial_scale", 0.01),
             max_position_embeddings=raw.positive("max_position_embeddings", 8000),

@@ -89,6 +89,12 @@ class KernelPolicy:
             "programmatic_dependent_launch": self.kernels and launches_early(self.device),
         }
 
+    @staticmethod
+    def paths_taken(paths: dict[str, bool | str]) -> tuple[str, ...]:
+        """The fused paths on in `active_paths`' answer, for the build-info metric; "triton" says only that
+        Triton is importable, which is no path taken."""
+        return tuple(name for name, value in paths.items() if value is True and name != "triton")
+
     # Decided per call, from the call's tensors (or the device of the module or cache that asks).
 
     @staticmethod

@@ -87,28 +87,39 @@ def interleaved_mrope_cos_sin(inverse_frequencies: torch.Tensor, positions: torc
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-class Attention(nn.Module):
-    def __init__(self, shape: DecoderLayerStack, layer_index: int) -> None:
+class PackedProjections(nn.Module):
+    """An attention's q, k, v and o projections as the checkpoint holds them, with q, k and v packable into one
+    weight (on CUDA, by `use_fused_kernels`) so that the fused path computes them in one GEMM."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         super().__init__()
-        self.layer_index = layer_index
-        self.num_heads = shape.num_attention_heads
-        self.num_kv_heads = shape.num_key_value_heads
-        self.head_dim = shape.head_dim
-        self.q_proj = nn.Linear(shape.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(shape.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(shape.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, shape.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, shape.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, shape.rms_norm_eps)
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
         self.is_fused = False
-        # Packed on CUDA by `use_fused_kernels`; not saved, since the checkpoint holds the three projections.
+        # Not saved: the checkpoint holds the three projections.
         self.qkv_weight: torch.Tensor | None
         self.register_buffer("qkv_weight", None, persistent=False)
 
     def pack_projections(self) -> None:
-        """Hold q, k and v as slices of one weight, so the fused path computes them in one GEMM."""
         if self.qkv_weight is None:
             self.qkv_weight = pack_weights(self.q_proj, self.k_proj, self.v_proj)
+
+    def split_packed(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kv_width = self.num_kv_heads * self.head_dim
+        return qkv.split((self.num_heads * self.head_dim, kv_width, kv_width), -1)
+
+
+class Attention(PackedProjections):
+    def __init__(self, shape: DecoderLayerStack, layer_index: int) -> None:
+        super().__init__(shape.hidden_size, shape.num_attention_heads, shape.num_key_value_heads, shape.head_dim)
+        self.layer_index = layer_index
+        self.q_norm = RMSNorm(self.head_dim, shape.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, shape.rms_norm_eps)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.is_fused and self.qkv_weight is not None:
@@ -118,10 +129,6 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
         return self.attend(*self._project(x), cos, sin, backend)
-
-    def split_packed(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        kv_width = self.num_kv_heads * self.head_dim
-        return qkv.split((self.num_heads * self.head_dim, kv_width, kv_width), -1)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                backend: AttentionBackend) -> torch.Tensor:
