@@ -1,0 +1,270 @@
+"""The Qwen3-ForcedAligner network in plain torch, and loading it from a checkpoint in the published layout.
+
+One forward pass, no decoding: an audio encoder turns each clip's log-mel frames into tokens of the text model's
+width; those replace the `<|audio_pad|>` placeholders of the prompt; a Qwen3 decoder (the same layers as the TTS
+talker's, `layers.DecoderStack`) reads the prompt causally, and a linear head classifies every position into one of
+`classify_num` timestamp classes. Only the classes at the `<timestamp>` tokens are read.
+
+Module names mirror the checkpoint (`thinker.audio_tower.*`, `thinker.model.*`, `thinker.lm_head.*`), so weights
+load by name. The math follows the reference (qwen-asr 0.0.6 under transformers' default SDPA attention) step by
+step, including where it rounds, so that float32 logits agree to float32 noise and the predicted classes are equal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from packaging.version import Version
+from torch import nn
+
+from tts_service.model.aligner_config import (
+    ALIGNER_CONFIG_FILE,
+    CHUNK_FRAMES,
+    PREPROCESSOR_CONFIG_FILE,
+    AlignerConfig,
+    check_preprocessor,
+    conv_output_length,
+)
+from tts_service.model.checkpoint import CheckpointError, cast_weights_, load_strict, read_json, read_tensors
+from tts_service.model.configs import ConfigError
+from tts_service.model.layers import DecoderStack, repeat_kv, rope_cos_sin, rope_inverse_frequencies
+from tts_service.model.text_tokenizer import TextTokenizerError, load_text_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, WhisperFeatureExtractor
+
+WEIGHTS_FILE = "model.safetensors"
+# Files of the published layout the aligner reads (the tokenizer's own are checked by `load_text_tokenizer`).
+REQUIRED_FILES = (ALIGNER_CONFIG_FILE, PREPROCESSOR_CONFIG_FILE)
+# transformers' SDPA path hands grouped-query attention to torch from 2.5 on, and repeats the keys before that.
+_SDPA_HAS_GQA = Version(torch.__version__.split("+")[0]) >= Version("2.5")
+
+
+def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
+    """Whisper's fixed position table [length, channels]: sines, then cosines, in float32."""
+    increment = math.log(max_timescale) / (channels // 2 - 1)
+    inverse_timescales = torch.exp(-increment * torch.arange(channels // 2, dtype=torch.float32))
+    scaled_time = torch.arange(length)[:, None] * inverse_timescales[None, :]
+    return torch.cat([torch.sin(scaled_time), torch.cos(scaled_time)], dim=1)
+
+
+class AudioAttention(nn.Module):
+    """Bidirectional attention over a whole clip's tokens, with biases."""
+
+    def __init__(self, width: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (width // num_heads) ** -0.5
+        self.q_proj = nn.Linear(width, width)
+        self.k_proj = nn.Linear(width, width)
+        self.v_proj = nn.Linear(width, width)
+        self.out_proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [S, width] -> [S, width]."""
+        length = x.shape[0]
+
+        def heads(projection: nn.Linear) -> torch.Tensor:
+            return projection(x).reshape(length, self.num_heads, -1).transpose(0, 1)[None]
+
+        # The reference builds a block mask for 8-second windows but, outside flash-attention, never passes it:
+        # every token sees the whole clip. Its SDPA call asks for grouped-query attention even with equal heads.
+        extra = {"enable_gqa": True} if _SDPA_HAS_GQA else {}
+        out = F.scaled_dot_product_attention(heads(self.q_proj), heads(self.k_proj), heads(self.v_proj),
+                                             scale=self.scale, is_causal=False, **extra)
+        return self.out_proj(out.transpose(1, 2).reshape(length, -1))
+
+
+class AudioEncoderLayer(nn.Module):
+    def __init__(self, width: int, num_heads: int, ffn_width: int) -> None:
+        super().__init__()
+        self.self_attn = AudioAttention(width, num_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, ffn_width)
+        self.fc2 = nn.Linear(ffn_width, width)
+        self.final_layer_norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.self_attn_layer_norm(x))
+        x = x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        if x.dtype == torch.float16:  # as the reference: keep fp16 activations finite
+            limit = torch.finfo(x.dtype).max - 1000
+            x = x.clamp(min=-limit, max=limit)
+        return x
+
+
+class AudioEncoder(nn.Module):
+    """Log-mel frames of one clip -> its audio tokens, one per 8 frames of each 100-frame chunk (rounded up)."""
+
+    def __init__(self, config: AlignerConfig) -> None:
+        super().__init__()
+        audio = config.audio
+        self.conv_chunksize = audio.conv_chunksize
+        channels = audio.downsample_hidden_size
+        self.conv2d1 = nn.Conv2d(1, channels, 3, 2, padding=1)
+        self.conv2d2 = nn.Conv2d(channels, channels, 3, 2, padding=1)
+        self.conv2d3 = nn.Conv2d(channels, channels, 3, 2, padding=1)
+        self.conv_out = nn.Linear(audio.conv_out_features, audio.d_model, bias=False)
+        self.layers = nn.ModuleList(AudioEncoderLayer(audio.d_model, audio.encoder_attention_heads,
+                                                      audio.encoder_ffn_dim) for _ in range(audio.encoder_layers))
+        self.ln_post = nn.LayerNorm(audio.d_model)
+        self.proj1 = nn.Linear(audio.d_model, audio.d_model)
+        self.proj2 = nn.Linear(audio.d_model, audio.output_dim)
+        # Not in the checkpoint; kept in float32 and cast where it is added, as the reference does.
+        self.positions: torch.Tensor
+        self.register_buffer("positions", sinusoid_positions(audio.max_source_positions, audio.d_model),
+                             persistent=False)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """features [mel bins, frames] -> tokens [audio_token_count(frames), output_dim]."""
+        frames = features.shape[1]
+        lengths = [CHUNK_FRAMES] * (frames // CHUNK_FRAMES) + ([frames % CHUNK_FRAMES] if frames % CHUNK_FRAMES else [])
+        # Every chunk is convolved on its own, the short last one padded with zeros to the longest: position and
+        # padding restart at each chunk, as the model was trained.
+        chunks = nn.utils.rnn.pad_sequence(list(features.T.split(lengths)), batch_first=True)
+        convolved = torch.cat([self._convolve(part) for part in chunks.transpose(1, 2)[:, None]
+                               .split(self.conv_chunksize)])
+        num_chunks, channels, bins, steps = convolved.shape
+        tokens = self.conv_out(convolved.permute(0, 3, 1, 2).reshape(num_chunks, steps, channels * bins))
+        tokens = tokens + self.positions[:steps].to(tokens.dtype)
+        x = torch.cat([chunk[:conv_output_length(length)] for chunk, length in zip(tokens, lengths, strict=True)])
+        for layer in self.layers:
+            x = layer(x)
+        return self.proj2(F.gelu(self.proj1(self.ln_post(x))))
+
+    def _convolve(self, chunks: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.conv2d1(chunks))
+        x = F.gelu(self.conv2d2(x))
+        return F.gelu(self.conv2d3(x))
+
+
+class TextModel(DecoderStack):
+    """The Qwen3 decoder and its token embedding; named `model` in the checkpoint."""
+
+    def __init__(self, config: AlignerConfig) -> None:
+        super().__init__(config.text)
+        self.embed_tokens = nn.Embedding(config.text.vocab_size, config.text.hidden_size)
+
+
+class PrefillAttention:
+    """Causal attention over a left-padded batch in one pass (`layers.AttentionBackend`), as transformers' SDPA
+    path computes it: `is_causal` with grouped-query attention when no row is padded, else an explicit mask over
+    repeated keys. A padding query attends to itself only, so its (unread) output stays finite."""
+
+    def __init__(self, attention_mask: torch.Tensor) -> None:
+        self.allowed: torch.Tensor | None = None
+        if not bool(attention_mask.all()):
+            length = attention_mask.shape[1]
+            index = torch.arange(length, device=attention_mask.device)
+            causal = index[None, :] <= index[:, None]
+            allowed = causal[None] & attention_mask.bool()[:, None, :]
+            self.allowed = (allowed | torch.eye(length, dtype=torch.bool, device=index.device)[None])[:, None]
+
+    def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor) -> torch.Tensor:
+        scale = query.shape[-1] ** -0.5
+        num_heads = query.shape[1]
+        if self.allowed is None:
+            if _SDPA_HAS_GQA:
+                return F.scaled_dot_product_attention(query, key, value, scale=scale, is_causal=True, enable_gqa=True)
+            key, value = repeat_kv(key, num_heads), repeat_kv(value, num_heads)
+            return F.scaled_dot_product_attention(query, key, value, scale=scale, is_causal=True)
+        return F.scaled_dot_product_attention(query, repeat_kv(key, num_heads), repeat_kv(value, num_heads),
+                                              attn_mask=self.allowed, scale=scale)
+
+
+class Thinker(nn.Module):
+    def __init__(self, config: AlignerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.audio_tower = AudioEncoder(config)
+        self.model = TextModel(config)
+        self.lm_head = nn.Linear(config.text.hidden_size, config.classify_num, bias=False)
+        self.inv_freq: torch.Tensor
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config.text.head_dim, config.text.rope_theta),
+                             persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                features: list[torch.Tensor]) -> torch.Tensor:
+        """Left-padded prompts [B, T] (mask 1 on real tokens) and each prompt's log-mel frames [mel, frames], in
+        order -> timestamp logits [B, T, classify_num]."""
+        embeds = self.model.embed_tokens(input_ids)
+        audio = torch.cat([self.audio_tower(item) for item in features]).to(embeds.dtype)
+        placeholders = input_ids == self.config.audio_token_id
+        if int(placeholders.sum()) != audio.shape[0]:
+            raise ValueError(f"the prompts hold {int(placeholders.sum())} audio placeholders for "
+                             f"{audio.shape[0]} audio tokens")
+        embeds = embeds.masked_scatter(placeholders[..., None].expand_as(embeds), audio)
+        # Real tokens count from 0 after the padding; padding sits at position 1, as in the reference.
+        positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, embeds.dtype)
+        hidden = self.model.run_layers(embeds, cos, sin, PrefillAttention(attention_mask))
+        return self.lm_head(hidden)
+
+
+class AlignerModel(nn.Module):
+    """The checkpoint's root: everything lives under `thinker`."""
+
+    def __init__(self, config: AlignerConfig) -> None:
+        super().__init__()
+        self.thinker = Thinker(config)
+
+
+@dataclass
+class LoadedAligner:
+    """An aligner's network on its device and dtype, with the tokenizer and feature extractor beside it."""
+
+    source: str
+    config: AlignerConfig
+    model: AlignerModel
+    tokenizer: PreTrainedTokenizerFast
+    feature_extractor: WhisperFeatureExtractor
+    is_random: bool = False
+
+
+def build_model(config: AlignerConfig, device: torch.device) -> AlignerModel:
+    """A fresh model in float32 on `device`; weights are loaded or randomised afterwards."""
+    with torch.device(device):
+        return AlignerModel(config)
+
+
+def finish_loading(source: str, config: AlignerConfig, model: AlignerModel, tokenizer: PreTrainedTokenizerFast,
+                   feature_extractor: WhisperFeatureExtractor, dtype: torch.dtype,
+                   is_random: bool = False) -> LoadedAligner:
+    """Weights in place: cast to `dtype` (RoPE and position tables stay float32) and frozen for inference."""
+    cast_weights_(model, dtype).eval().requires_grad_(False)
+    return LoadedAligner(source, config, model, tokenizer, feature_extractor, is_random)
+
+
+def feature_extractor_from(raw: dict[str, Any], config: AlignerConfig) -> WhisperFeatureExtractor:
+    """The reference's feature extractor (transformers' WhisperFeatureExtractor) from `preprocessor_config.json`."""
+    from transformers import WhisperFeatureExtractor
+
+    check_preprocessor(raw, config)
+    # The reference's processor names WhisperFeatureExtractor itself, whatever the file's feature_extractor_type.
+    return WhisperFeatureExtractor.from_dict(dict(raw))
+
+
+def load_aligner_checkpoint(directory: Path, device: torch.device, dtype: torch.dtype,
+                            source: str | None = None) -> LoadedAligner:
+    """The aligner checkpoint in `directory`, strictly: every tensor used, none missing or mis-shaped."""
+    missing = [name for name in REQUIRED_FILES if not (directory / name).is_file()]
+    if missing:
+        raise CheckpointError(f"aligner checkpoint {directory} is incomplete: missing {', '.join(missing)}")
+    try:
+        config = AlignerConfig.parse(read_json(directory / ALIGNER_CONFIG_FILE))
+        feature_extractor = feature_extractor_from(read_json(directory / PREPROCESSOR_CONFIG_FILE), config)
+        tokenizer = load_text_tokenizer(directory)
+    except (ConfigError, TextTokenizerError, FileNotFoundError) as error:  # each names its file
+        raise CheckpointError(str(error)) from None
+    model = build_model(config, device)
+    tensors = read_tensors(directory / WEIGHTS_FILE)
+    if not tensors:
+        raise CheckpointError(f"aligner checkpoint {directory} is incomplete: missing {WEIGHTS_FILE}")
+    load_strict(model, tensors, WEIGHTS_FILE)
+    return finish_loading(source or str(directory), config, model, tokenizer, feature_extractor, dtype)
