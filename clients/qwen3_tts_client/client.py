@@ -118,10 +118,11 @@ def synthesize_request(text: str, voice: Voice | None = None, audio_format: Audi
 
 
 def streaming_config(voice: Voice | None = None, audio_format: AudioFormat | None = None,
-                     generation: Generation | None = None) -> Any:
+                     generation: Generation | None = None, utterance_id: str = "") -> Any:
     config = pb.StreamingSynthesizeConfig(voice=(voice or Voice()).to_proto(),
                                           audio_format=(audio_format or AudioFormat()).to_proto(),
-                                          generation=(generation or Generation()).to_proto())
+                                          generation=(generation or Generation()).to_proto(),
+                                          utterance_id=utterance_id)
     return pb.StreamingSynthesizeRequest(config=config)
 
 
@@ -130,12 +131,46 @@ class Flush:
     """Put among the text fragments of a streaming call to have the server answer with a FlushAck."""
 
     marker: str = ""
+    utterance_id: str = ""
 
 
-def fragment_request(fragment: str | Flush) -> Any:
+@dataclass(frozen=True)
+class Say:
+    """Text for one utterance of a streaming call; a new id opens a new utterance with the call's voice."""
+
+    utterance_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class CloseUtterance:
+    """The utterance's text is complete: it is spoken to its end."""
+
+    utterance_id: str
+
+
+@dataclass(frozen=True)
+class CancelUtterance:
+    """Stop the utterance now (barge-in); the call and its other utterances go on."""
+
+    utterance_id: str
+
+
+StreamItem = str | Flush | Say | CloseUtterance | CancelUtterance
+
+
+def fragment_request(fragment: StreamItem) -> Any:
+    """A streaming call's request message for one item: a bare string is text for the call's first utterance."""
+    if isinstance(fragment, str):
+        return pb.StreamingSynthesizeRequest(text=fragment)
+    if isinstance(fragment, Say):
+        return pb.StreamingSynthesizeRequest(text=fragment.text, utterance_id=fragment.utterance_id)
     if isinstance(fragment, Flush):
-        return pb.StreamingSynthesizeRequest(flush=pb.Flush(marker=fragment.marker))
-    return pb.StreamingSynthesizeRequest(text=fragment)
+        return pb.StreamingSynthesizeRequest(flush=pb.Flush(marker=fragment.marker),
+                                             utterance_id=fragment.utterance_id)
+    if isinstance(fragment, CloseUtterance):
+        return pb.StreamingSynthesizeRequest(close_utterance=pb.CloseUtterance(), utterance_id=fragment.utterance_id)
+    return pb.StreamingSynthesizeRequest(cancel_utterance=pb.CancelUtterance(), utterance_id=fragment.utterance_id)
 
 
 @dataclass(frozen=True)
@@ -213,15 +248,15 @@ class TtsClient:
         return self.stub.SynthesizeOnline(synthesize_request(text, voice, audio_format, generation),
                                           timeout=timeout, metadata=self.connection.metadata)
 
-    def streaming_synthesize(self, fragments: Iterable[str | Flush], voice: Voice | None = None,
+    def streaming_synthesize(self, fragments: Iterable[StreamItem], voice: Voice | None = None,
                              audio_format: AudioFormat | None = None, generation: Generation | None = None,
-                             timeout: float | None = None) -> Any:
-        """Sends the config, then each fragment as `fragments` yields it (a blocking iterator is fine:
-        gRPC reads it in its own thread), then half-closes. Returns the StreamingSynthesizeResponse
-        iterator, which is also the call."""
+                             timeout: float | None = None, utterance_id: str = "") -> Any:
+        """Sends the config (opening the first utterance, `utterance_id`), then each item as `fragments` yields
+        it (a blocking iterator is fine: gRPC reads it in its own thread), then half-closes. Returns the
+        StreamingSynthesizeResponse iterator, which is also the call."""
 
         def requests() -> Iterator[Any]:
-            yield streaming_config(voice, audio_format, generation)
+            yield streaming_config(voice, audio_format, generation, utterance_id)
             for fragment in fragments:
                 yield fragment_request(fragment)
 
@@ -272,9 +307,10 @@ class AsyncTtsClient:
         return self.stub.SynthesizeOnline(synthesize_request(text, voice, audio_format, generation),
                                           timeout=timeout, metadata=self.connection.metadata)
 
-    def streaming_synthesize(self, fragments: AsyncIterable[str | Flush] | Iterable[str | Flush],
+    def streaming_synthesize(self, fragments: AsyncIterable[StreamItem] | Iterable[StreamItem],
                              voice: Voice | None = None, audio_format: AudioFormat | None = None,
-                             generation: Generation | None = None, timeout: float | None = None) -> Any:
+                             generation: Generation | None = None, timeout: float | None = None,
+                             utterance_id: str = "") -> Any:
         """The call: `async for response in call`; fragments may be an async iterable (e.g. an LLM's tokens).
 
         When the call ends (its deadline, or an error from the server) while a fragment is being
@@ -283,7 +319,7 @@ class AsyncTtsClient:
         """
 
         async def requests() -> AsyncIterator[Any]:
-            yield streaming_config(voice, audio_format, generation)
+            yield streaming_config(voice, audio_format, generation, utterance_id)
             if isinstance(fragments, AsyncIterable):
                 async for fragment in fragments:
                     yield fragment_request(fragment)

@@ -76,11 +76,12 @@ INVALID_REQUESTS: dict[str, tuple[Callable[[TtsClient], object], str]] = {
                       "config: only the first message may carry the config"),
     "empty message after the config": (lambda c: raw_stream(c, [streaming_config(RYAN),
                                                                 pb.StreamingSynthesizeRequest()]),
-                                       "request: every message after the config carries text or a flush"),
+                                       "request: every message after the config carries text, a flush, "
+                                       "close_utterance or cancel_utterance"),
     "streamed text closed empty": (lambda c: list(c.streaming_synthesize([" ", "\n"], RYAN)),
                                    "text: must not be empty"),
     "streamed text too long": (lambda c: list(c.streaming_synthesize(["word " * 50, "word " * 50], RYAN)),
-                               "text: the streamed text exceeds 400 characters"),
+                               "text: the streamed text of utterance '' exceeds 400 characters"),
     "bad voice in a stream's config": (lambda c: list(c.streaming_synthesize(["Hi."], Voice(speaker="bob"))),
                                        "voice.speaker: unknown speaker"),
 }

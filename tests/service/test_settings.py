@@ -21,6 +21,7 @@ from tts_service.engine.settings import declaration
 NON_DEFAULT: dict[str, tuple[str, Any]] = {
     "model": ("random:tiny-base", "random:tiny-base"),
     "device": ("cpu", "cpu"),
+    "aligner-model": ("random:tiny", "random:tiny"),
     "host": ("127.0.0.1", "127.0.0.1"),
     "port": ("6000", 6000),
     "metrics-port": ("9090", 9090),
@@ -36,6 +37,7 @@ NON_DEFAULT: dict[str, tuple[str, Any]] = {
     "max-reference-audio-bytes": ("1024", 1024),
     "max-stream-seconds": ("90", 90.0),
     "max-calls-per-caller": ("3", 3),
+    "max-utterances-per-call": ("2", 2),
     "max-waiting-clones": ("2", 2),
     "stream-idle-timeout-seconds": ("5", 5.0),
     "coalesce-when-ahead-seconds": ("2", 2.0),

@@ -78,6 +78,10 @@ class ServerConfig:
 
     model: str = setting(DEFAULT_MODEL, "checkpoint directory, Hugging Face repo id, or random:<size>-<type>")
     device: str = setting("auto", "cuda, cuda:N, cpu, or auto (CUDA when available)")
+    aligner_model: str | None = setting(None, "forced aligner for word timestamps, loaded beside the model on the "
+                                              "same device: a directory, a Hugging Face repo id (e.g. "
+                                              "Qwen/Qwen3-ForcedAligner-0.6B) or random:tiny / random:0.6b; unset: "
+                                              "none (a request asking for word timestamps gets FAILED_PRECONDITION)")
     host: str = setting("[::]", "address to listen on; [::] is every interface")
     port: int = setting(50051, "port to listen on; 0 picks a free one", check=_PORT)
     metrics_port: int | None = setting(None, "port for Prometheus metrics over HTTP (/metrics); unset: none",
@@ -119,6 +123,10 @@ class ServerConfig:
     max_calls_per_caller: int = setting(EngineConfig().max_running, "speech calls one caller (API key; without "
                                                                     "keys, peer address) may have in progress",
                                         check=at_least(1))
+    max_utterances_per_call: int = setting(8, "utterances one StreamingSynthesize call or WebSocket connection "
+                                              "may have open (neither completed nor cancelled) at once; each "
+                                              "beyond the first also takes a place of its caller's "
+                                              "(--max-calls-per-caller)", check=at_least(1))
     max_waiting_clones: int = setting(8, "voice-clone encodings in progress or waiting, beyond which calls with "
                                          "reference audio get RESOURCE_EXHAUSTED", check=at_least(1))
     stream_idle_timeout_seconds: float = setting(60.0, "longest wait for the next text of a StreamingSynthesize "

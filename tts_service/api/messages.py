@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
@@ -12,6 +12,7 @@ import numpy as np
 from qwen3_tts.v1.protocol import tts_pb2
 from tts_service.api.config import InputLimits, ServerConfig
 from tts_service.api.errors import ApiError, invalid
+from tts_service.api.word_timestamps import TimedWord
 from tts_service.audio.output import (
     MODEL_SAMPLE_RATE,
     OPUS_SAMPLE_RATES,
@@ -174,3 +175,9 @@ class ChunkEncoder:
 
 async def run_encoder(encoder: ChunkEncoder, step: Callable[[], Any]) -> Any:
     return await asyncio.to_thread(step) if encoder.needs_thread else step()
+
+
+def word_timings(words: Iterable[TimedWord]) -> list[Any]:
+    """Timed words as WordTiming messages."""
+    return [pb.WordTiming(word=word.word, start_char=word.start_char, end_char=word.end_char,
+                          start_seconds=word.start_s, end_seconds=word.end_s) for word in words]

@@ -44,10 +44,11 @@ from tts_service.api.interceptors import (
     RequestParsingInterceptor,
     ServingState,
 )
-from tts_service.api.messages import ENCODING_NUMBERS, completion, output_format, output_formats
+from tts_service.api.messages import ENCODING_NUMBERS, completion, output_format, output_formats, word_timings
 from tts_service.api.openai_http import OpenAISpeechApi
 from tts_service.api.speech import CallTracker, EndingStatus, SpeechSteps
 from tts_service.api.text_call import TextCall, first_config
+from tts_service.api.utterances import UtteranceCall
 from tts_service.api.voices import (
     check_can_create_voices,
     check_create_limits,
@@ -56,6 +57,7 @@ from tts_service.api.voices import (
     not_found,
     registered_voice_message,
 )
+from tts_service.api.word_timestamps import AlignerThread, TimedWord, WordTracker, check_word_timestamps
 from tts_service.audio.output import OutputFormat, encode_whole
 from tts_service.engine import EngineDoor, ModelInfo, RequestStream, SynthesisSummary, VoiceNotFoundError
 
@@ -124,6 +126,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                            max_reference_audio_bytes=config.input_limits.reference_audio_bytes,
                            max_calls_per_caller=config.max_calls_per_caller,
                            max_voices=engine.max_voices, max_voices_per_caller=engine.max_voices_per_owner,
+                           max_utterances_per_call=config.max_utterances_per_call,
                            max_voice_bytes=engine.max_voice_bytes,
                            voices_are_persistent=engine.voice_store_dir is not None,
                            stream_idle_timeout_seconds=config.stream_idle_timeout_seconds,
@@ -175,22 +178,30 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     async def Synthesize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self._call("Synthesize", context) as record:
             output = output_format(request.audio_format)
+            words = self._word_tracker(request, "word_timestamps", is_text_closed=True)
             stream = await self._start_whole_text(record, request, context)
             waveform, summary = await self._steps.whole_audio(stream, record)
             audio = await asyncio.to_thread(encode_whole, waveform, output)
+            timed: tuple[TimedWord, ...] = ()
+            if words is not None:
+                words.add_audio(waveform)
+                await words.finish()
+                timed = words.take_words()
             return pb.SynthesizeResponse(
                 audio=audio, mime_type=output.mime_type, completion=self._completion(summary),
                 audio_format=pb.AudioFormat(encoding=ENCODING_NUMBERS[output.encoding],
-                                            sample_rate=output.sample_rate))
+                                            sample_rate=output.sample_rate), words=word_timings(timed))
 
     # SynthesizeOnline
 
     async def SynthesizeOnline(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with self._call("SynthesizeOnline", context) as record:
             output = output_format(request.audio_format)
+            words = self._word_tracker(request, "word_timestamps", is_text_closed=True)
             stream = await self._start_whole_text(record, request, context)
             try:
-                async for message in self._audio_messages(stream, output, pb.SynthesizeOnlineResponse, record):
+                async for message in self._audio_messages(stream, output, pb.SynthesizeOnlineResponse, record,
+                                                          words):
                     if message.HasField("completion") and message.completion.finish_reason == pb.FINISH_REASON_ABORTED:
                         raise self._steps.deadline_error(record)
                     yield message
@@ -198,9 +209,12 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                 self._steps.engine_or_unavailable().abort(record.request_id)
 
     async def _audio_messages(self, stream: RequestStream, output: OutputFormat, message_type: Any,
-                              record: CallRecord) -> AsyncGenerator[Any, None]:
-        """The stream's audio as response messages; the last one carries the completion."""
-        async for piece in self._steps.encoded_audio(stream, output, record):
+                              record: CallRecord, words: WordTracker | None = None) -> AsyncGenerator[Any, None]:
+        """The stream's audio (and timed words) as response messages; the last one carries the completion."""
+        async for piece in self._steps.encoded_audio(stream, output, record, words):
+            if piece.words:
+                yield message_type(words=pb.WordTimestamps(words=word_timings(piece.words)))
+                continue
             if piece.summary is None:
                 yield message_type(chunk=piece.chunk)
                 continue
@@ -214,16 +228,31 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     async def StreamingSynthesize(self, request_iterator: AsyncIterator[Any],
                                   context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with self._call("StreamingSynthesize", context) as record:
-            engine = self._steps.engine_or_unavailable()
             started = time.monotonic()
             config = await first_config(request_iterator, self._config)
             output = output_format(config.audio_format)
-            prepared = await self._steps.prepare(record, "", config.voice, config.generation, self._owner(context))
-            stream = await self._steps.submit(prepared, record, context.time_remaining(), is_text_open=True)
-            call = TextCall(self._config, engine, record, started)
-            audio = self._audio_messages(stream, output, pb.StreamingSynthesizeResponse, record)
-            async for message in call.responses(request_iterator, audio):
+            identity = self._steps.credentials.identity_of(context)
+            language = self._word_timestamps_language(config, "config.word_timestamps")
+            prepared = await self._steps.prepare(record, "", config.voice, config.generation, identity.owner)
+            utterances = UtteranceCall(self._steps, record, identity.caller, prepared, output, context.time_remaining,
+                                       language)
+            await utterances.open_first(config.utterance_id)
+            call = TextCall(self._config, utterances, started, self._completion)
+            async for message in call.responses(request_iterator):
                 yield message
+
+    def _word_timestamps_language(self, request: Any, field: str) -> str | None:
+        """The language to cut a request's words in, when it asks for word timestamps; None when it does not."""
+        if not request.word_timestamps:
+            return None
+        check_word_timestamps(self._steps.aligner, request.voice.language, field)
+        return request.voice.language
+
+    def _word_tracker(self, request: Any, field: str, is_text_closed: bool) -> WordTracker | None:
+        language = self._word_timestamps_language(request, field)
+        if language is None:
+            return None
+        return self._steps.word_tracker(language, request.text, is_text_closed)
 
     async def _start_whole_text(self, record: CallRecord, request: Any,
                                 context: grpc.aio.ServicerContext) -> RequestStream:
@@ -408,9 +437,10 @@ class TtsServer:
                 await runner.cleanup()
 
     async def serve(self, engine: EngineDoor, metrics: ServiceMetrics | None = None,
-                    tracer: CallTracer | None = None) -> None:
-        """Start answering speech calls with `engine`, which must be running; record into `metrics` and trace
-        with `tracer` when given."""
+                    tracer: CallTracer | None = None, aligner: AlignerThread | None = None) -> None:
+        """Start answering speech calls with `engine`, which must be running; record into `metrics`, trace with
+        `tracer` and time words with `aligner` when given."""
+        self.steps.aligner = aligner
         if metrics is not None:
             watch_engine(metrics, engine)
             self.steps.metrics = metrics

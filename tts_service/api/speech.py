@@ -33,6 +33,7 @@ from observability.calls import CallRecord, CallResult
 from observability.logs import bind_call
 from observability.metrics import ServiceMetrics
 from observability.tracing import CallTracer, trace_id_of
+from tts_service.api.call_limits import call_too_long_error
 from tts_service.api.callers import Credentials
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError
@@ -46,8 +47,8 @@ from tts_service.api.messages import (
     run_encoder,
     synthesis_input,
 )
-from tts_service.api.text_call import call_too_long_error
 from tts_service.api.voices import check_voice_selection_by_id, not_found
+from tts_service.api.word_timestamps import AlignerThread, TimedWord, WordTracker
 from tts_service.audio.output import OutputFormat
 from tts_service.audio.reference import AudioLimits
 from tts_service.engine import (
@@ -122,6 +123,7 @@ class EncodedAudio:
 
     chunk: Any | None  # an AudioChunk message
     summary: SynthesisSummary | None = None
+    words: tuple[TimedWord, ...] = ()  # words whose timings became known since the last piece
 
 
 class ListenerLead:
@@ -158,6 +160,7 @@ class SpeechSteps:
         self.engine: EngineDoor | None = None
         self.metrics: ServiceMetrics | None = None
         self.tracer: CallTracer | None = None
+        self.aligner: AlignerThread | None = None  # with --aligner-model: word timestamps
         self._reference_limits = AudioLimits(max_seconds=config.engine.max_reference_audio_s)
         # One reference recording decoded at a time: decoding is heavy and must stay off the event loop.
         self._decode_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-reference-audio")
@@ -167,6 +170,8 @@ class SpeechSteps:
 
     def close(self) -> None:
         self._decode_executor.shutdown(wait=False, cancel_futures=True)
+        if self.aligner is not None:
+            self.aligner.close()
 
     @contextlib.asynccontextmanager
     async def speech_call(self, rpc: str, caller: str, metadata: Iterable[tuple[str, str | bytes]],
@@ -190,6 +195,10 @@ class SpeechSteps:
                     raise
         finally:
             expiry.cancel()
+
+    def forget_request(self, request_id: str) -> None:
+        """A request that ended apart from its call's end (a streamed call's later utterance)."""
+        self._limited_by_server.discard(request_id)
 
     def was_expired(self, record: CallRecord) -> bool:
         """Whether the server's limit on a call's life ended this call."""
@@ -304,9 +313,26 @@ class SpeechSteps:
         record.is_submitted = True
         return stream
 
-    async def encoded_audio(self, stream: RequestStream, output: OutputFormat,
-                            record: CallRecord) -> AsyncGenerator[EncodedAudio, None]:
-        """The stream's audio encoded as it comes; the last piece carries the summary, the record then finished."""
+    def word_tracker(self, language: str, text: str = "", is_text_closed: bool = False) -> WordTracker:
+        """A request's word timings, from the server's aligner (see `check_word_timestamps`)."""
+        assert self.aligner is not None
+        language = language.lower()
+        return WordTracker(self.aligner.align, self.engine_or_unavailable().model_info.sample_rate,
+                           None if language in ("", "auto") else language, text, is_text_closed)
+
+    async def encoded_audio(self, stream: RequestStream, output: OutputFormat, record: CallRecord,
+                            words: WordTracker | None = None) -> AsyncGenerator[EncodedAudio, None]:
+        """The stream's audio encoded as it comes; the last piece carries the summary, the record then finished.
+        With `words`, the timings it commits come in pieces of their own, all of them before the summary."""
+        try:
+            async for piece in self._encoded_audio(stream, output, record, words):
+                yield piece
+        finally:
+            if words is not None:
+                await words.cancel()
+
+    async def _encoded_audio(self, stream: RequestStream, output: OutputFormat, record: CallRecord,
+                             words: WordTracker | None) -> AsyncGenerator[EncodedAudio, None]:
         encoder = ChunkEncoder(output)
         profile = self._server_phase_timer()
         frame_rate_hz = self.engine_or_unavailable().model_info.frame_rate_hz
@@ -327,8 +353,17 @@ class SpeechSteps:
             listener.sent(piece.num_frames)
             is_ahead = listener.lead_s >= self.config.coalesce_when_ahead_seconds
             stream.take_at_least(num_coalesced_frames if is_ahead else 1)
+            if words is not None:
+                words.add_audio(piece.samples)
+                if timed := words.take_words():
+                    yield EncodedAudio(None, words=timed)
         summary = stream.summary
         assert summary is not None
+        if words is not None and summary.finish_reason is not FinishReason.ABORTED:
+            # An aborted request's text was not all spoken: its words committed so far are all it gets.
+            await words.finish()
+            if timed := words.take_words():
+                yield EncodedAudio(None, words=timed)
         chunk = await run_encoder(encoder, encoder.finish)
         if chunk is not None:
             record.add_chunk(chunk.offset_seconds)

@@ -1,0 +1,240 @@
+"""Word timestamps beside the audio: when each word of a request's text is spoken, sentence by sentence, as soon as
+its audio exists.
+
+The forced aligner (`tts_service.model.aligner`, loaded with `--aligner-model`) runs in this process on a thread
+of its own, and aligns the open windows of every request that asked, together in one batch (`AlignerThread`).
+Each request's `WordTracker` keeps its text as the client sent it and its audio as it is generated, and aligns the
+window that starts where its last committed word ended: the audio since then against the text not yet committed.
+Words are committed a sentence at a time, once the aligner places the sentence's last word at least
+`_MARGIN_S` before the end of the audio so far (the model has moved on to the next sentence); when the request
+ends, the rest is committed. So timings trail their audio by at most about a sentence, playback never waits for
+them, and every word of the text gets one. The aligner reads whole sentences, so the words it places are the
+ones it would place in one pass over the whole text, give or take the window's edges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from tts_service.api.errors import ApiError, invalid
+from tts_service.model.aligner import AlignmentItem, ForcedAligner, WordTiming
+
+# Where a sentence ends: terminal punctuation (and closing quotes or brackets) before a space or the end, any
+# CJK terminal mark, or a line break.
+_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s|$)|[。！？；]+[”’」』）]*|\n")
+# A sentence is committed when the aligner ends its last word this long before the audio so far ends.
+_MARGIN_S = 0.3
+# New audio a window needs before it is aligned again (before the request ends).
+_MIN_NEW_AUDIO_S = 0.4
+# Windows aligned in one forward pass at most.
+MAX_ALIGNER_BATCH = 16
+# Languages whose words the aligner cuts with tools of its own, which are not here (see aligner_text).
+_UNSUPPORTED_LANGUAGES = frozenset({"japanese", "korean"})
+
+
+@dataclass(frozen=True)
+class TimedWord:
+    """One word of a request's text (character offsets into the text as the client sent it) and when its audio
+    speaks it (seconds from the request's first sample)."""
+
+    word: str
+    start_char: int
+    end_char: int
+    start_s: float
+    end_s: float
+
+
+def check_word_timestamps(aligner: AlignerThread | None, language: str, field: str) -> None:
+    """A request may ask for word timestamps only from a server with an aligner, in a language it can cut."""
+    if aligner is None:
+        raise ApiError(grpc.StatusCode.FAILED_PRECONDITION,
+                       f"{field}: this server has no forced aligner; start it with --aligner-model (e.g. "
+                       "Qwen/Qwen3-ForcedAligner-0.6B) to get word timestamps", field=field)
+    if language.lower() in _UNSUPPORTED_LANGUAGES:
+        raise invalid(field, f"word timestamps are not available for {language.lower()} text")
+
+
+class AlignerThread:
+    """The aligner on a thread of its own: requests' windows queue here and are aligned together, a batch at a
+    time, so that many requests cost one forward pass."""
+
+    def __init__(self, aligner: ForcedAligner, max_batch: int = MAX_ALIGNER_BATCH) -> None:
+        self.aligner = aligner
+        self._max_batch = max_batch
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-aligner")
+        self._pending: list[tuple[AlignmentItem, asyncio.Future[list[WordTiming]]]] = []
+        self._is_running = False
+
+    async def align(self, item: AlignmentItem) -> list[WordTiming]:
+        future: asyncio.Future[list[WordTiming]] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        self._start_batch()
+        return await future
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _start_batch(self) -> None:
+        self._pending = [(item, future) for item, future in self._pending if not future.cancelled()]
+        if self._is_running or not self._pending:
+            return
+        batch, self._pending = self._pending[:self._max_batch], self._pending[self._max_batch:]
+        self._is_running = True
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._executor, self.aligner.align_many, [item for item, _ in batch])
+        work.add_done_callback(lambda done: self._settle(batch, done))
+
+    def _settle(self, batch: Sequence[tuple[AlignmentItem, asyncio.Future[list[WordTiming]]]],
+                done: asyncio.Future[list[list[WordTiming]]]) -> None:
+        self._is_running = False
+        error = None if done.cancelled() else done.exception()
+        for index, (_, future) in enumerate(batch):
+            if future.done():
+                continue
+            if done.cancelled():
+                future.cancel()
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(done.result()[index])
+        self._start_batch()
+
+
+Align = Callable[[AlignmentItem], Awaitable[list[WordTiming]]]
+
+
+class WordTracker:
+    """One request's word timings: its text and audio as they arrive, and its words committed sentence by
+    sentence (see the module's docstring), handed out by `take_words`."""
+
+    def __init__(self, align: Align, sample_rate: int, language: str | None, text: str = "",
+                 is_text_closed: bool = False) -> None:
+        self._align = align
+        self._sample_rate = sample_rate
+        self._language = language
+        self._ready: list[TimedWord] = []
+        self.text = text
+        self._is_text_closed = is_text_closed
+        self._chunks: list[np.ndarray] = []
+        self._num_samples = 0
+        self._committed_chars = 0  # the text before this has its words committed
+        self._window_start = 0  # the sample where the uncommitted words' audio starts
+        self._aligned_until = 0  # the window's end when it was last aligned
+        self._aligning: asyncio.Task[None] | None = None
+
+    def take_words(self) -> tuple[TimedWord, ...]:
+        """The words committed since the last call."""
+        words, self._ready = tuple(self._ready), []
+        return words
+
+    def add_text(self, fragment: str) -> None:
+        self.text += fragment
+
+    def close_text(self) -> None:
+        self._is_text_closed = True
+
+    def add_audio(self, samples: np.ndarray) -> None:
+        self._chunks.append(samples)
+        self._num_samples += samples.shape[0]
+        if self._aligning is None and self._is_worth_aligning():
+            self._aligning = asyncio.create_task(self._align_window(is_final=False))
+
+    async def finish(self) -> None:
+        """The request has ended: commit every word left, after any alignment in flight."""
+        if self._aligning is not None:
+            await self._aligning
+        self._is_text_closed = True
+        await self._align_window(is_final=True)
+
+    async def cancel(self) -> None:
+        if self._aligning is not None:
+            self._aligning.cancel()
+            await asyncio.gather(self._aligning, return_exceptions=True)
+
+    def _is_worth_aligning(self) -> bool:
+        new_audio_s = (self._num_samples - max(self._aligned_until, self._window_start)) / self._sample_rate
+        return new_audio_s >= _MIN_NEW_AUDIO_S and self._last_sentence_end(self._open_text()) > 0
+
+    def _open_text(self) -> str:
+        """The text not yet committed, up to its last complete word (all of it once the text is closed)."""
+        text = self.text[self._committed_chars:]
+        if self._is_text_closed:
+            return text
+        return text[:_last_word_break(text)]
+
+    async def _align_window(self, is_final: bool) -> None:
+        try:
+            while True:
+                text = self._open_text()
+                audio = self._window_audio()
+                window_s = audio.shape[0] / self._sample_rate
+                self._aligned_until = self._num_samples
+                if not text.strip() or audio.shape[0] < self._sample_rate // 50:
+                    if is_final:
+                        self._committed_chars = len(self.text)
+                    return
+                words = await self._align(AlignmentItem(audio, self._sample_rate, text, self._language))
+                self._commit(words, text, window_s, is_final)
+                if is_final or not self._is_worth_aligning():
+                    return
+        finally:
+            if not is_final:
+                self._aligning = None
+
+    def _window_audio(self) -> np.ndarray:
+        if len(self._chunks) > 1:
+            self._chunks = [np.concatenate(self._chunks)]
+        audio = self._chunks[0] if self._chunks else np.zeros(0, dtype=np.float32)
+        return audio[self._window_start:self._num_samples]
+
+    def _commit(self, words: Sequence[WordTiming], text: str, window_s: float, is_final: bool) -> None:
+        """Commit the words of the window's complete, spoken sentences (all of them when final)."""
+        end = len(text) if is_final else self._spoken_sentences_end(words, text, window_s)
+        chosen = [word for word in words if word.end_char <= end]
+        if not chosen:
+            return
+        offset_chars, offset_s = self._committed_chars, self._window_start / self._sample_rate
+        committed = tuple(TimedWord(text[word.start_char:word.end_char], word.start_char + offset_chars,
+                                    word.end_char + offset_chars, word.start_s + offset_s, word.end_s + offset_s)
+                          for word in chosen)
+        following = next((word.start_char for word in words if word.end_char > end), len(text))
+        self._committed_chars += following if not is_final else len(text)
+        self._window_start += round(chosen[-1].end_s * self._sample_rate)
+        self._ready += committed
+
+    @staticmethod
+    def _spoken_sentences_end(words: Sequence[WordTiming], text: str, window_s: float) -> int:
+        """The end of the last sentence whose words all end at least the margin before the window does; 0: none."""
+        spoken_until = window_s - _MARGIN_S
+        best = 0
+        for match in _SENTENCE_END.finditer(text):
+            sentence_words = [word for word in words if word.end_char <= match.end()]
+            if sentence_words and all(word.end_s <= spoken_until for word in sentence_words):
+                best = match.end()
+            else:
+                break
+        return best
+
+    def _last_sentence_end(self, text: str) -> int:
+        ends = [match.end() for match in _SENTENCE_END.finditer(text)]
+        return ends[-1] if ends else 0
+
+
+def _last_word_break(text: str) -> int:
+    """Where the text's last complete word ends: a word running to the end of open text may still go on."""
+    index = len(text)
+    while index > 0 and not (text[index - 1].isspace() or _is_cut_anywhere(text[index - 1])):
+        index -= 1
+    return index
+
+
+def _is_cut_anywhere(character: str) -> bool:
+    """Punctuation and CJK characters end a word where they stand."""
+    return not character.isalnum() or "\u2e80" <= character <= "\u9fff" or "\uac00" <= character <= "\ud7af"
