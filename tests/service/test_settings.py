@@ -38,6 +38,8 @@ NON_DEFAULT: dict[str, tuple[str, Any]] = {
     "max-stream-seconds": ("90", 90.0),
     "max-calls-per-caller": ("3", 3),
     "max-utterances-per-call": ("2", 2),
+    "max-lexicons": ("5", 5),
+    "max-lexicons-per-caller": ("3", 3),
     "max-waiting-clones": ("2", 2),
     "stream-idle-timeout-seconds": ("5", 5.0),
     "coalesce-when-ahead-seconds": ("2", 2.0),

@@ -127,6 +127,10 @@ class ServerConfig:
                                               "may have open (neither completed nor cancelled) at once; each "
                                               "beyond the first also takes a place of its caller's "
                                               "(--max-calls-per-caller)", check=at_least(1))
+    max_lexicons: int = setting(1000, "registered pronunciation lexicons the server keeps, all callers together "
+                                      "(with --voice-store, in its lexicons/ folder)", check=at_least(1))
+    max_lexicons_per_caller: int = setting(100, "registered pronunciation lexicons one caller (API key) may keep",
+                                           check=at_least(1))
     max_waiting_clones: int = setting(8, "voice-clone encodings in progress or waiting, beyond which calls with "
                                          "reference audio get RESOURCE_EXHAUSTED", check=at_least(1))
     stream_idle_timeout_seconds: float = setting(60.0, "longest wait for the next text of a StreamingSynthesize "

@@ -142,6 +142,7 @@ def start_tracing(config: ServerConfig, model: ModelInfo) -> CallTracer | None:
 
 
 async def serve(config: ServerConfig) -> int:
+    from tts_service.api.lexicon_store import LexiconStoreUnusableError
     from tts_service.api.server import TtsServer
     from tts_service.engine import CheckpointError, EngineCoreExited, RequestFailed, VoiceStoreUnusableError
 
@@ -150,6 +151,9 @@ async def serve(config: ServerConfig) -> int:
         await server.start()
     except OSError as error:  # a port in use: serving beside its owner would take a share of its connections
         logger.error("%s", error)
+        return 1
+    except LexiconStoreUnusableError as error:
+        logger.error("cannot use the voice store for lexicons: %s", error)
         return 1
     tracer: CallTracer | None = None
     gc_watch = None

@@ -12,6 +12,7 @@ import numpy as np
 from qwen3_tts.v1.protocol import tts_pb2
 from tts_service.api.config import InputLimits, ServerConfig
 from tts_service.api.errors import ApiError, invalid
+from tts_service.api.lexicons import Lexicon, LexiconEntry
 from tts_service.api.word_timestamps import TimedWord
 from tts_service.audio.output import (
     MODEL_SAMPLE_RATE,
@@ -181,3 +182,13 @@ def word_timings(words: Iterable[TimedWord]) -> list[Any]:
     """Timed words as WordTiming messages."""
     return [pb.WordTiming(word=word.word, start_char=word.start_char, end_char=word.end_char,
                           start_seconds=word.start_s, end_seconds=word.end_s) for word in words]
+
+
+def lexicon_of(message: Any, where: str) -> Lexicon:
+    """A Lexicon message as a checked Lexicon; errors name `where`.entries[i] and the field."""
+    return Lexicon(tuple(LexiconEntry(entry.grapheme, entry.alias) for entry in message.entries), where=where)
+
+
+def lexicon_message(lexicon: Lexicon) -> Any:
+    return pb.Lexicon(entries=[pb.LexiconEntry(grapheme=entry.grapheme, alias=entry.alias)
+                               for entry in lexicon.entries])

@@ -44,7 +44,16 @@ from tts_service.api.interceptors import (
     RequestParsingInterceptor,
     ServingState,
 )
-from tts_service.api.messages import ENCODING_NUMBERS, completion, output_format, output_formats, word_timings
+from tts_service.api.lexicon_store import RegisteredLexicon
+from tts_service.api.messages import (
+    ENCODING_NUMBERS,
+    completion,
+    lexicon_message,
+    lexicon_of,
+    output_format,
+    output_formats,
+    word_timings,
+)
 from tts_service.api.openai_http import OpenAISpeechApi
 from tts_service.api.speech import CallTracker, EndingStatus, SpeechSteps
 from tts_service.api.text_call import TextCall, first_config
@@ -127,6 +136,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                            max_calls_per_caller=config.max_calls_per_caller,
                            max_voices=engine.max_voices, max_voices_per_caller=engine.max_voices_per_owner,
                            max_utterances_per_call=config.max_utterances_per_call,
+                           max_lexicons=config.max_lexicons, max_lexicons_per_caller=config.max_lexicons_per_caller,
                            max_voice_bytes=engine.max_voice_bytes,
                            voices_are_persistent=engine.voice_store_dir is not None,
                            stream_idle_timeout_seconds=config.stream_idle_timeout_seconds,
@@ -170,6 +180,31 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             logger.info("deleted voice %s", request.voice_id)
             return pb.DeleteVoiceResponse()
 
+    # Registered lexicons: kept by the front door (they change only the text it hands the engine).
+
+    async def CreateLexicon(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with answering_errors(context):
+            lexicon = lexicon_of(request.lexicon, "lexicon")
+            store = self._steps.lexicons
+            lexicon_id = await asyncio.to_thread(store.create, self._owner(context), lexicon)
+            logger.info("created lexicon %s (%d entries)", lexicon_id, len(lexicon.entries))
+            return registered_lexicon_message(store.get(self._owner(context), lexicon_id))
+
+    async def GetLexicon(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with answering_errors(context):
+            return registered_lexicon_message(self._steps.lexicons.get(self._owner(context), request.lexicon_id))
+
+    async def ListLexicons(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with answering_errors(context):
+            return pb.ListLexiconsResponse(lexicons=[registered_lexicon_message(registered)
+                                                     for registered in self._steps.lexicons.list(self._owner(context))])
+
+    async def DeleteLexicon(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with answering_errors(context):
+            await asyncio.to_thread(self._steps.lexicons.delete, self._owner(context), request.lexicon_id)
+            logger.info("deleted lexicon %s", request.lexicon_id)
+            return pb.DeleteLexiconResponse()
+
     def _owner(self, context: grpc.aio.ServicerContext) -> str:
         return self._steps.credentials.identity_of(context).owner
 
@@ -178,13 +213,12 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     async def Synthesize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self._call("Synthesize", context) as record:
             output = output_format(request.audio_format)
-            words = self._word_tracker(request, "word_timestamps", is_text_closed=True)
-            stream = await self._start_whole_text(record, request, context)
+            stream, words = await self._start_whole_text(record, request, context)
             waveform, summary = await self._steps.whole_audio(stream, record)
             audio = await asyncio.to_thread(encode_whole, waveform, output)
             timed: tuple[TimedWord, ...] = ()
             if words is not None:
-                words.add_audio(waveform)
+                words.add_audio(waveform, is_last=True)
                 await words.finish()
                 timed = words.take_words()
             return pb.SynthesizeResponse(
@@ -197,8 +231,7 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
     async def SynthesizeOnline(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with self._call("SynthesizeOnline", context) as record:
             output = output_format(request.audio_format)
-            words = self._word_tracker(request, "word_timestamps", is_text_closed=True)
-            stream = await self._start_whole_text(record, request, context)
+            stream, words = await self._start_whole_text(record, request, context)
             try:
                 async for message in self._audio_messages(stream, output, pb.SynthesizeOnlineResponse, record,
                                                           words):
@@ -233,9 +266,10 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             output = output_format(config.audio_format)
             identity = self._steps.credentials.identity_of(context)
             language = self._word_timestamps_language(config, "config.word_timestamps")
+            lexicon = self._steps.request_lexicon(config, identity.owner)
             prepared = await self._steps.prepare(record, "", config.voice, config.generation, identity.owner)
             utterances = UtteranceCall(self._steps, record, identity.caller, prepared, output, context.time_remaining,
-                                       language)
+                                       language, lexicon)
             await utterances.open_first(config.utterance_id)
             call = TextCall(self._config, utterances, started, self._completion)
             async for message in call.responses(request_iterator):
@@ -248,18 +282,19 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         check_word_timestamps(self._steps.aligner, request.voice.language, field)
         return request.voice.language
 
-    def _word_tracker(self, request: Any, field: str, is_text_closed: bool) -> WordTracker | None:
-        language = self._word_timestamps_language(request, field)
-        if language is None:
-            return None
-        return self._steps.word_tracker(language, request.text, is_text_closed)
-
     async def _start_whole_text(self, record: CallRecord, request: Any,
-                                context: grpc.aio.ServicerContext) -> RequestStream:
-        """A Synthesize or SynthesizeOnline request, checked and queued."""
-        prepared = await self._steps.prepare(record, request.text, request.voice, request.generation,
-                                             self._owner(context))
-        return await self._steps.submit(prepared, record, context.time_remaining(), is_text_open=False)
+                                context: grpc.aio.ServicerContext) -> tuple[RequestStream, WordTracker | None]:
+        """A Synthesize or SynthesizeOnline request, checked and queued, with its lexicon applied; and its word
+        timings to come, when it asked for them."""
+        owner = self._owner(context)
+        language = self._word_timestamps_language(request, "word_timestamps")
+        lexicon = self._steps.request_lexicon(request, owner)
+        substituted = None if lexicon is None else lexicon.apply(request.text)
+        spoken = request.text if substituted is None else substituted.spoken
+        prepared = await self._steps.prepare(record, request.text, request.voice, request.generation, owner, spoken)
+        words = None if language is None else self._steps.word_tracker(language, spoken, True, substituted,
+                                                                         request.text)
+        return await self._steps.submit(prepared, record, context.time_remaining(), is_text_open=False), words
 
     def _completion(self, summary: SynthesisSummary) -> Any:
         model = self._steps.engine_or_unavailable().model_info
@@ -267,6 +302,11 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
 
 
 # -- the server -----------------------------------------------------------------------------------
+
+
+def registered_lexicon_message(registered: RegisteredLexicon) -> Any:
+    return pb.RegisteredLexicon(lexicon_id=registered.lexicon_id, lexicon=lexicon_message(registered.lexicon),
+                                created_at=registered.created_at)
 
 
 def watch_engine(metrics: ServiceMetrics, engine: EngineDoor) -> None:

@@ -37,18 +37,21 @@ from tts_service.api.call_limits import call_too_long_error
 from tts_service.api.callers import Credentials
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError
+from tts_service.api.lexicon_store import LexiconLimits, LexiconStore
+from tts_service.api.lexicons import Lexicon
 from tts_service.api.messages import (
     ChunkEncoder,
     check_clone_request,
     check_input_limits,
     decode_reference,
     generation_params,
+    lexicon_of,
     non_streaming_text,
     run_encoder,
     synthesis_input,
 )
 from tts_service.api.voices import check_voice_selection_by_id, not_found
-from tts_service.api.word_timestamps import AlignerThread, TimedWord, WordTracker
+from tts_service.api.word_timestamps import AlignerThread, OffsetMap, TimedWord, WordTracker
 from tts_service.audio.output import OutputFormat
 from tts_service.audio.reference import AudioLimits
 from tts_service.engine import (
@@ -161,6 +164,9 @@ class SpeechSteps:
         self.metrics: ServiceMetrics | None = None
         self.tracer: CallTracer | None = None
         self.aligner: AlignerThread | None = None  # with --aligner-model: word timestamps
+        self.lexicons = LexiconStore.open(
+            None if config.engine.voice_store_dir is None else config.engine.voice_store_dir / "lexicons",
+            LexiconLimits(config.max_lexicons, config.max_lexicons_per_caller))
         self._reference_limits = AudioLimits(max_seconds=config.engine.max_reference_audio_s)
         # One reference recording decoded at a time: decoding is heavy and must stay off the event loop.
         self._decode_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-reference-audio")
@@ -246,10 +252,20 @@ class SpeechSteps:
             raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is still loading its model; retry")
         return self.engine
 
+    def request_lexicon(self, request: Any, owner: str) -> Lexicon | None:
+        """The pronunciation lexicon a request (SynthesizeRequest or StreamingSynthesizeConfig) asks for: its
+        registered lexicons in order (the owner's), then its own entries; None when it asks for none."""
+        parts = [self.lexicons.get(owner, lexicon_id, f"lexicon_ids[{index}]").lexicon
+                 for index, lexicon_id in enumerate(request.lexicon_ids)]
+        parts.append(lexicon_of(request.lexicon, "lexicon"))
+        combined = Lexicon.combined(parts)
+        return combined if combined.entries else None
+
     async def prepare(self, record: CallRecord, text: str, voice: Any, generation: Any,
-                      owner: str) -> PreparedRequest:
+                      owner: str, spoken_text: str | None = None) -> PreparedRequest:
         """Check the request (a qwen3_tts.v1 VoiceSelection and GenerationConfig: the engine checks the voice at submit)
-        and clone its voice, if any; a registered voice is looked up among `owner`'s (see callers.Identity)."""
+        and clone its voice, if any; a registered voice is looked up among `owner`'s (see callers.Identity). The
+        limits hold `text` as the client sent it; the model says `spoken_text` (its lexicon applied) when given."""
         engine = self.engine_or_unavailable()
         check_input_limits(text, voice, self.config.input_limits)
         is_whole_text = record.rpc != "StreamingSynthesize"
@@ -258,8 +274,9 @@ class SpeechSteps:
         clone = await self._voice_clone(engine, voice, record, owner)
         # Whole-text calls default as qwen-tts does for the model; streamed text keeps streaming.
         default = engine.model_info.default_non_streaming_text if is_whole_text else False
+        spoken = text if spoken_text is None else spoken_text
         return PreparedRequest(record.request_id,
-                               synthesis_input(text, voice, clone, non_streaming_text(generation, default)),
+                               synthesis_input(spoken, voice, clone, non_streaming_text(generation, default)),
                                params)
 
     async def _voice_clone(self, engine: EngineDoor, voice: Any, record: CallRecord, owner: str) -> VoiceClone | None:
@@ -313,12 +330,14 @@ class SpeechSteps:
         record.is_submitted = True
         return stream
 
-    def word_tracker(self, language: str, text: str = "", is_text_closed: bool = False) -> WordTracker:
-        """A request's word timings, from the server's aligner (see `check_word_timestamps`)."""
+    def word_tracker(self, language: str, text: str = "", is_text_closed: bool = False,
+                     mapping: OffsetMap | None = None, original: str = "") -> WordTracker:
+        """A request's word timings, from the server's aligner (see `check_word_timestamps`); with a lexicon,
+        `text` is what is said and `mapping` leads back to `original`, the text as sent."""
         assert self.aligner is not None
         language = language.lower()
         return WordTracker(self.aligner.align, self.engine_or_unavailable().model_info.sample_rate,
-                           None if language in ("", "auto") else language, text, is_text_closed)
+                           None if language in ("", "auto") else language, text, is_text_closed, mapping, original)
 
     async def encoded_audio(self, stream: RequestStream, output: OutputFormat, record: CallRecord,
                             words: WordTracker | None = None) -> AsyncGenerator[EncodedAudio, None]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from observability.calls import CallRecord
 from tts_service.api.errors import invalid
+from tts_service.api.lexicons import Lexicon, StreamingSubstitution
 from tts_service.api.speech import EncodedAudio, PreparedRequest, SpeechSteps
 from tts_service.api.word_timestamps import WordTracker
 from tts_service.audio.output import OutputFormat
@@ -62,6 +63,7 @@ class _Utterance:
     pump: asyncio.Task[None] | None = None
     place: contextlib.AsyncExitStack | None = None  # its caller's place, for an utterance beyond the first
     words: WordTracker | None = None  # with word timestamps
+    substitution: StreamingSubstitution | None = None  # with a lexicon
 
 
 def check_utterance_id(utterance_id: str, field: str = "utterance_id") -> str:
@@ -77,9 +79,10 @@ class UtteranceCall:
 
     def __init__(self, steps: SpeechSteps, record: CallRecord, caller: str, prepared: PreparedRequest,
                  output: OutputFormat, time_remaining: Callable[[], float | None],
-                 word_timestamps_language: str | None = None) -> None:
+                 word_timestamps_language: str | None = None, lexicon: Lexicon | None = None) -> None:
         self._steps = steps
         self._word_timestamps_language = word_timestamps_language  # None: no word timestamps
+        self._lexicon = lexicon
         self._record = record  # the call's, and its first utterance's
         self._caller = caller
         self._prepared = prepared
@@ -116,14 +119,22 @@ class UtteranceCall:
             raise invalid("text", f"the streamed text of utterance {utterance_id!r} exceeds {max_chars} characters")
         if utterance is self._first:
             self._record.num_text_chars = utterance.num_text_chars
+        spoken = fragment if utterance.substitution is None else utterance.substitution.append(fragment)
+        self._say(utterance, spoken, fragment)
+
+    def _say(self, utterance: _Utterance, spoken: str, original: str) -> None:
+        """Text for the engine (a lexicon may hold some back until it knows how to say it)."""
         if utterance.words is not None:
-            utterance.words.add_text(fragment)
-        self._engine.append_text(utterance.record.request_id, fragment)
+            utterance.words.add_text(spoken, original)
+        if spoken:
+            self._engine.append_text(utterance.record.request_id, spoken)
 
     def close(self, utterance_id: str) -> None:
         utterance = self._known(utterance_id)
         if not (utterance.is_text_closed or utterance.is_cancelled):
             utterance.is_text_closed = True
+            if utterance.substitution is not None:
+                self._say(utterance, utterance.substitution.close(), "")
             if utterance.words is not None:
                 utterance.words.close_text()
             self._engine.close_text(utterance.record.request_id)
@@ -226,8 +237,11 @@ class UtteranceCall:
                     place: contextlib.AsyncExitStack | None = None) -> _Utterance:
         stream = await self._steps.submit(prepared, record, self._time_remaining(), is_text_open=True)
         utterance = _Utterance(utterance_id, record, place=place)
+        if self._lexicon is not None:
+            utterance.substitution = StreamingSubstitution(self._lexicon)
         if self._word_timestamps_language is not None:
-            utterance.words = self._steps.word_tracker(self._word_timestamps_language)
+            utterance.words = self._steps.word_tracker(self._word_timestamps_language,
+                                                       mapping=utterance.substitution)
         self._utterances[utterance_id] = utterance
         self._num_open += 1
         audio = self._steps.encoded_audio(stream, self._output, record, utterance.words)

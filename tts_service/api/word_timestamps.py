@@ -15,10 +15,12 @@ ones it would place in one pass over the whole text, give or take the window's e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 import numpy as np
@@ -110,13 +112,22 @@ class AlignerThread:
 Align = Callable[[AlignmentItem], Awaitable[list[WordTiming]]]
 
 
+class OffsetMap(Protocol):
+    """Leads a span of the text as said back to the text as sent (a lexicon's substitution)."""
+
+    def original_span(self, spoken_start: int, spoken_end: int) -> tuple[int, int]: ...
+
+
 class WordTracker:
     """One request's word timings: its text and audio as they arrive, and its words committed sentence by
     sentence (see the module's docstring), handed out by `take_words`."""
 
     def __init__(self, align: Align, sample_rate: int, language: str | None, text: str = "",
-                 is_text_closed: bool = False) -> None:
+                 is_text_closed: bool = False, mapping: OffsetMap | None = None, original: str = "") -> None:
         self._align = align
+        # With a lexicon: `text` is what is said, and each word is named by its span of the text as sent.
+        self._mapping = mapping
+        self._original = original
         self._sample_rate = sample_rate
         self._language = language
         self._ready: list[TimedWord] = []
@@ -134,16 +145,19 @@ class WordTracker:
         words, self._ready = tuple(self._ready), []
         return words
 
-    def add_text(self, fragment: str) -> None:
-        self.text += fragment
+    def add_text(self, spoken: str, original: str = "") -> None:
+        """The text's next part as said, and (with a lexicon) as sent."""
+        self.text += spoken
+        self._original += original
 
     def close_text(self) -> None:
         self._is_text_closed = True
 
-    def add_audio(self, samples: np.ndarray) -> None:
+    def add_audio(self, samples: np.ndarray, is_last: bool = False) -> None:
+        """The request's next audio; `is_last`: all of it, aligned at once by `finish`."""
         self._chunks.append(samples)
         self._num_samples += samples.shape[0]
-        if self._aligning is None and self._is_worth_aligning():
+        if not is_last and self._aligning is None and self._is_worth_aligning():
             self._aligning = asyncio.create_task(self._align_window(is_final=False))
 
     async def finish(self) -> None:
@@ -207,7 +221,19 @@ class WordTracker:
         following = next((word.start_char for word in words if word.end_char > end), len(text))
         self._committed_chars += following if not is_final else len(text)
         self._window_start += round(chosen[-1].end_s * self._sample_rate)
-        self._ready += committed
+        self._ready += committed if self._mapping is None else self._as_sent(committed)
+
+    def _as_sent(self, words: Sequence[TimedWord]) -> list[TimedWord]:
+        """Spoken words named by their spans of the text as sent; the words of one alias become its grapheme."""
+        assert self._mapping is not None
+        named: list[TimedWord] = []
+        for word in words:
+            start, end = self._mapping.original_span(word.start_char, word.end_char)
+            if named and named[-1].start_char == start and named[-1].end_char == end:
+                named[-1] = dataclasses.replace(named[-1], end_s=word.end_s)
+            else:
+                named.append(TimedWord(self._original[start:end], start, end, word.start_s, word.end_s))
+        return named
 
     @staticmethod
     def _spoken_sentences_end(words: Sequence[WordTiming], text: str, window_s: float) -> int:
