@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gRPC load of several commits side by side on one GPU machine: each tree's server on random 1.7B CustomVoice
 # weights, one after the other, driven by this tree's load generator (one definition of underruns for all),
-# open-loop Poisson, mixed calls, 30 s a rate. Each summary lands in $OUT/LABEL/summary.json.
-#     bash benchmarks/device_load_side_by_side.sh LABEL=TREE:RATES [LABEL=TREE:RATES ...]
+# open-loop Poisson, mixed calls, 30 s a rate. Each summary lands in $OUT/LABEL/summary.json. A spec may end in
+# server flags for its tree (":--aligner-model random:0.6b").
+#     bash benchmarks/device_load_side_by_side.sh LABEL=TREE:RATES[:SERVER_FLAGS] [LABEL=TREE:RATES ...]
 # Make each tree here, where git is, and carry it (with .whl) to the GPU machine, e.g.:
 #     mkdir -p .devwork/old && git archive a48a27f | tar -x -C .devwork/old
 set -u
@@ -10,10 +11,11 @@ source benchmarks/device_server.sh  # installs the carried wheels into /tmp/site
 head=$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv"
 for spec in "$@"; do
-  label=${spec%%=*}; rest=${spec#*=}; tree=$(cd "${rest%%:*}" && pwd); rates=${rest#*:}
+  label=${spec%%=*}; rest=${spec#*=}; tree=$(cd "${rest%%:*}" && pwd); rest=${rest#*:}
+  rates=${rest%%:*}; flags=""; [[ $rest == *:* ]] && flags=${rest#*:}
   out=$OUT/$label; mkdir -p "$out"
   (cd "$tree" && PYTHONPATH="$tree:$tree/proto:/tmp/site" exec python3 -m tts_service --model random:1.7b-custom_voice \
-      --port 50151 --host 127.0.0.1 --max-calls-per-caller 100000 > "$out/server.log" 2>&1) &
+      --port 50151 --host 127.0.0.1 --max-calls-per-caller 100000 $flags > "$out/server.log" 2>&1) &
   pid=$!
   started=$(date +%s)
   python3 - <<'PY'

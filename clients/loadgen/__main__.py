@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fragment-interval", type=float, default=0.0,
                         help="StreamingSynthesize: seconds between text fragments (0: as fast as possible)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per-call deadline in seconds")
+    parser.add_argument("--word-timestamps", action="store_true",
+                        help="ask every request for word timestamps (the server needs --aligner-model) and report "
+                             "how long each message of words trails the audio of its last word")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--api-key", default="")
     parser.add_argument("--ca", help="PEM CA bundle: connect with TLS")
@@ -67,7 +70,8 @@ async def _run(args: argparse.Namespace) -> dict:
     settings = RequestSettings(voice=Voice(speaker=args.speaker),
                                audio_format=AudioFormat(args.encoding, args.sample_rate),
                                generation=Generation(temperature=args.temperature, seed=args.seed),
-                               fragment_interval_s=args.fragment_interval, timeout_s=args.timeout)
+                               fragment_interval_s=args.fragment_interval, timeout_s=args.timeout,
+                               word_timestamps=args.word_timestamps)
     connection = Connection(target=args.server, api_key=args.api_key,
                             root_certificates=Path(args.ca).read_bytes() if args.ca else None)
     async with AsyncTtsClient(connection) as client:
@@ -85,6 +89,7 @@ async def _run(args: argparse.Namespace) -> dict:
                          "num_requests": args.requests, "rpc": args.rpc, "seed": args.seed,
                          "language": args.language, "encoding": args.encoding, "sample_rate": args.sample_rate,
                          "fragment_interval_s": args.fragment_interval, "max_audio_seconds": args.max_audio_seconds,
+                         "word_timestamps": args.word_timestamps,
                          "server_limits": {"max_audio_seconds": limits.max_audio_seconds,
                                            "max_text_chars": limits.max_text_chars}},
             "schedule": [asdict(request) for request in planned], "wall_s": wall_s,

@@ -48,7 +48,15 @@ def summarize(records: list[RequestRecord], wall_s: float) -> dict:
         "achieved_requests_per_s": len(records) / wall_s if wall_s > 0 else None,
         "audio_s_per_wall_s": sum(r.audio_s for r in completed) / wall_s if wall_s > 0 else None,
         "start_lag_ms": {"p95": _ms(percentile(lag, 0.95)), "max": _ms(max(lag, default=None))},
+        "word_lag_ms": _word_lags(completed),
     }
+
+
+def _word_lags(completed: list[RequestRecord]) -> dict[str, float | int | None]:
+    """With word timestamps: how long each message of words came after the audio of its last word."""
+    lags = [lag for record in completed for lag in record.word_lags_s]
+    return {"p50": _ms(percentile(lags, 0.5)), "p95": _ms(percentile(lags, 0.95)),
+            "max": _ms(max(lags, default=None)), "num_messages": len(lags)}
 
 
 def _num_stalled(per_request: list[Stalls]) -> int:
@@ -83,7 +91,8 @@ def table(load: str, summary: dict) -> str:
 
     header = (f"{'load':>6} {'reqs':>5} {'ok':>5} {'errors':>7} {'ttfa p50':>9} {'ttfa p95':>9} {'ttfa p99':>9} "
               f"{'rtf p50':>8} {'rtf max':>8} {'peak in flight':>14} {'audio s/s':>9} {'underrun reqs':>14} "
-              f"{'stall>100ms reqs':>16} {'stall max ms':>13} {'stall total s':>13} {'lag p95 ms':>11}")
+              f"{'stall>100ms reqs':>16} {'stall max ms':>13} {'stall total s':>13} {'lag p95 ms':>11} "
+              f"{'words p95 ms':>12}")
     errors = sum(summary["errors_by_status"].values())
     row = (f"{load:>6} {summary['num_requests']:>5} {summary['num_completed']:>5} {errors:>7} "
            f"{number(summary['ttfa_ms']['p50']):>9} {number(summary['ttfa_ms']['p95']):>9} "
@@ -91,5 +100,6 @@ def table(load: str, summary: dict) -> str:
            f"{number(summary['rtf']['max'], 2):>8} {summary['peak_in_flight']:>14} "
            f"{number(summary['audio_s_per_wall_s'], 1):>9} {summary['num_requests_with_underruns']:>14} "
            f"{summary['num_requests_with_stalls_over_100ms']:>16} {number(1e3 * summary['stall_s']['max']):>13} "
-           f"{number(summary['stall_s']['total'], 2):>13} {number(summary['start_lag_ms']['p95'], 1):>11}")
+           f"{number(summary['stall_s']['total'], 2):>13} {number(summary['start_lag_ms']['p95'], 1):>11} "
+           f"{number(summary['word_lag_ms']['p95']):>12}")
     return f"{header}\n{row}"

@@ -22,6 +22,7 @@ class RequestSettings:
     generation: Generation  # max_audio_seconds comes from each planned request
     fragment_interval_s: float  # StreamingSynthesize: pause between text fragments
     timeout_s: float
+    word_timestamps: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class RequestRecord:
     num_chunks: int
     stalls: Stalls  # of a player that starts at the first chunk and pauses whenever it runs out of audio
     finish_reason: str
+    # With word timestamps: for each message of words, how long after the audio of its last word had arrived.
+    word_lags_s: tuple[float, ...] = ()
 
 
 async def run_schedule(client: AsyncTtsClient, planned: list[PlannedRequest],
@@ -85,25 +88,40 @@ async def timed_request(client: AsyncTtsClient, request: PlannedRequest, setting
     if request.rpc == "online":
         first_text_sent.append(started)
         call = client.synthesize_online(request.text, voice, settings.audio_format, generation,
-                                        timeout=settings.timeout_s)
+                                        timeout=settings.timeout_s, word_timestamps=settings.word_timestamps)
     else:
         call = client.streaming_synthesize(_paced(text_fragments(request.text), settings.fragment_interval_s,
                                                   first_text_sent),
                                            voice, settings.audio_format, generation,
-                                           timeout=settings.timeout_s)
+                                           timeout=settings.timeout_s, word_timestamps=settings.word_timestamps)
     arrivals: list[ChunkArrival] = []
+    audio_until: list[float] = []  # each chunk's end in the audio, beside `arrivals`
+    word_lags: list[float] = []
     completion: Any = None
     status = "OK"
     try:
         async for response in call:
+            now = time.perf_counter()
             if response.HasField("chunk") and response.chunk.num_samples > 0:
-                arrivals.append(ChunkArrival(time.perf_counter(), response.chunk.offset_seconds))
+                arrivals.append(ChunkArrival(now, response.chunk.offset_seconds))
+                audio_until.append(response.chunk.offset_seconds + response.chunk.duration_seconds)
+            if response.words.words:
+                word_lags.append(now - _arrival_of(response.words.words[-1].end_seconds, arrivals, audio_until))
             if response.HasField("completion"):
                 completion = response.completion
     except grpc.aio.AioRpcError as error:
         status = error.code().name
     ended = time.perf_counter()
-    return _record(request, start_lag_s, status, started, first_text_sent, arrivals, completion, ended)
+    return replace(_record(request, start_lag_s, status, started, first_text_sent, arrivals, completion, ended),
+                   word_lags_s=tuple(word_lags))
+
+
+def _arrival_of(audio_s: float, arrivals: list[ChunkArrival], audio_until: list[float]) -> float:
+    """When the chunk holding the audio at `audio_s` arrived (the last chunk's arrival if none reaches it)."""
+    for arrival, until in zip(arrivals, audio_until, strict=True):
+        if until >= audio_s - 1e-6:
+            return arrival.arrival_s
+    return arrivals[-1].arrival_s if arrivals else time.perf_counter()
 
 
 async def _paced(fragments: list[str], interval_s: float, first_sent: list[float]) -> AsyncIterator[str]:

@@ -189,6 +189,22 @@ def test_the_loadgen_reads_the_servers_limits_and_keeps_every_request_inside_the
         assert len(request["text"]) <= max_text_chars and request["max_audio_seconds"] <= max_audio_seconds
 
 
+def test_with_word_timestamps_every_request_gets_words_and_the_report_says_how_far_they_trail(
+        tiny_models: dict[str, LoadedModel], tmp_path: Path) -> None:
+    server = start_server(tiny_models["custom_voice"], aligner_model="random:tiny")
+    out = tmp_path / "words.json"
+    try:
+        assert loadgen_main(["--server", server.target, "--concurrency", "2", "--requests", "4", "--rpc", "mixed",
+                             "--max-audio-seconds", "0.4", "--word-timestamps", "--out", str(out)]) == 0
+    finally:
+        server.stop()
+    report = json.loads(out.read_text())
+    assert report["summary"]["num_completed"] == 4 and report["settings"]["word_timestamps"] is True
+    assert all(request["word_lags_s"] for request in report["requests"])
+    lags = report["summary"]["word_lag_ms"]
+    assert lags["num_messages"] >= 4 and 0 <= lags["p50"] <= lags["p95"] <= lags["max"]
+
+
 @pytest.mark.parametrize("name", ["report.json", "report.json.gz"])
 def test_a_report_reads_back_as_written_compressed_or_not(tmp_path: Path, name: str) -> None:
     report = {"summary": {"ttfa_ms": {"p50": 21.5}}, "requests": [{"index": 0, "text": "你好"}]}
