@@ -111,18 +111,19 @@ def encoding_number(name: str) -> int:
 
 
 def synthesize_request(text: str, voice: Voice | None = None, audio_format: AudioFormat | None = None,
-                       generation: Generation | None = None) -> Any:
+                       generation: Generation | None = None, word_timestamps: bool = False) -> Any:
     return pb.SynthesizeRequest(text=text, voice=(voice or Voice()).to_proto(),
                                 audio_format=(audio_format or AudioFormat()).to_proto(),
-                                generation=(generation or Generation()).to_proto())
+                                generation=(generation or Generation()).to_proto(), word_timestamps=word_timestamps)
 
 
 def streaming_config(voice: Voice | None = None, audio_format: AudioFormat | None = None,
-                     generation: Generation | None = None, utterance_id: str = "") -> Any:
+                     generation: Generation | None = None, utterance_id: str = "",
+                     word_timestamps: bool = False) -> Any:
     config = pb.StreamingSynthesizeConfig(voice=(voice or Voice()).to_proto(),
                                           audio_format=(audio_format or AudioFormat()).to_proto(),
                                           generation=(generation or Generation()).to_proto(),
-                                          utterance_id=utterance_id)
+                                          utterance_id=utterance_id, word_timestamps=word_timestamps)
     return pb.StreamingSynthesizeRequest(config=config)
 
 
@@ -238,25 +239,31 @@ class TtsClient:
                               metadata=self.connection.metadata)
 
     def synthesize(self, text: str, voice: Voice | None = None, audio_format: AudioFormat | None = None,
-                   generation: Generation | None = None, timeout: float | None = None) -> Any:
-        return self.stub.Synthesize(synthesize_request(text, voice, audio_format, generation), timeout=timeout,
-                                    metadata=self.connection.metadata)
+                   generation: Generation | None = None, timeout: float | None = None,
+                   word_timestamps: bool = False) -> Any:
+        """The SynthesizeResponse; with word_timestamps, its `words` time every word of the text."""
+        return self.stub.Synthesize(synthesize_request(text, voice, audio_format, generation, word_timestamps),
+                                    timeout=timeout, metadata=self.connection.metadata)
 
     def synthesize_online(self, text: str, voice: Voice | None = None, audio_format: AudioFormat | None = None,
-                          generation: Generation | None = None, timeout: float | None = None) -> Any:
-        """An iterator of SynthesizeOnlineResponse that is also the call (cancel(), initial_metadata())."""
-        return self.stub.SynthesizeOnline(synthesize_request(text, voice, audio_format, generation),
+                          generation: Generation | None = None, timeout: float | None = None,
+                          word_timestamps: bool = False) -> Any:
+        """An iterator of SynthesizeOnlineResponse that is also the call (cancel(), initial_metadata()).
+        With word_timestamps, messages carrying `words` come among the audio, a sentence or so behind it."""
+        return self.stub.SynthesizeOnline(synthesize_request(text, voice, audio_format, generation, word_timestamps),
                                           timeout=timeout, metadata=self.connection.metadata)
 
     def streaming_synthesize(self, fragments: Iterable[StreamItem], voice: Voice | None = None,
                              audio_format: AudioFormat | None = None, generation: Generation | None = None,
-                             timeout: float | None = None, utterance_id: str = "") -> Any:
+                             timeout: float | None = None, utterance_id: str = "",
+                             word_timestamps: bool = False) -> Any:
         """Sends the config (opening the first utterance, `utterance_id`), then each item as `fragments` yields
         it (a blocking iterator is fine: gRPC reads it in its own thread), then half-closes. Returns the
-        StreamingSynthesizeResponse iterator, which is also the call."""
+        StreamingSynthesizeResponse iterator, which is also the call. word_timestamps asks for `words` in
+        every utterance of the call."""
 
         def requests() -> Iterator[Any]:
-            yield streaming_config(voice, audio_format, generation, utterance_id)
+            yield streaming_config(voice, audio_format, generation, utterance_id, word_timestamps)
             for fragment in fragments:
                 yield fragment_request(fragment)
 
@@ -297,20 +304,22 @@ class AsyncTtsClient:
                                     metadata=self.connection.metadata)
 
     async def synthesize(self, text: str, voice: Voice | None = None, audio_format: AudioFormat | None = None,
-                         generation: Generation | None = None, timeout: float | None = None) -> Any:
-        return await self.stub.Synthesize(synthesize_request(text, voice, audio_format, generation),
+                         generation: Generation | None = None, timeout: float | None = None,
+                         word_timestamps: bool = False) -> Any:
+        return await self.stub.Synthesize(synthesize_request(text, voice, audio_format, generation, word_timestamps),
                                           timeout=timeout, metadata=self.connection.metadata)
 
     def synthesize_online(self, text: str, voice: Voice | None = None, audio_format: AudioFormat | None = None,
-                          generation: Generation | None = None, timeout: float | None = None) -> Any:
+                          generation: Generation | None = None, timeout: float | None = None,
+                          word_timestamps: bool = False) -> Any:
         """The call: `async for response in call`, or `call.cancel()`."""
-        return self.stub.SynthesizeOnline(synthesize_request(text, voice, audio_format, generation),
+        return self.stub.SynthesizeOnline(synthesize_request(text, voice, audio_format, generation, word_timestamps),
                                           timeout=timeout, metadata=self.connection.metadata)
 
     def streaming_synthesize(self, fragments: AsyncIterable[StreamItem] | Iterable[StreamItem],
                              voice: Voice | None = None, audio_format: AudioFormat | None = None,
                              generation: Generation | None = None, timeout: float | None = None,
-                             utterance_id: str = "") -> Any:
+                             utterance_id: str = "", word_timestamps: bool = False) -> Any:
         """The call: `async for response in call`; fragments may be an async iterable (e.g. an LLM's tokens).
 
         When the call ends (its deadline, or an error from the server) while a fragment is being
@@ -319,7 +328,7 @@ class AsyncTtsClient:
         """
 
         async def requests() -> AsyncIterator[Any]:
-            yield streaming_config(voice, audio_format, generation, utterance_id)
+            yield streaming_config(voice, audio_format, generation, utterance_id, word_timestamps)
             if isinstance(fragments, AsyncIterable):
                 async for fragment in fragments:
                     yield fragment_request(fragment)
