@@ -179,4 +179,5 @@ def test_reflection_lists_the_service_and_describes_its_methods(client: TtsClien
     service = DescriptorPool(database).FindServiceByName(SERVICE_NAME)
     assert {method.name for method in service.methods} == {"ListVoices", "Synthesize", "SynthesizeOnline",
                                                            "StreamingSynthesize", "CreateVoice", "GetVoice",
-                                                           "DeleteVoice"}
+                                                           "DeleteVoice", "CreateLexicon", "GetLexicon",
+                                                           "ListLexicons", "DeleteLexicon"}

@@ -47,6 +47,7 @@ class Heard:
     audio: dict[str, bytearray] = field(default_factory=dict)
     completions: dict[str, Any] = field(default_factory=dict)
     acks: list[tuple[str, str]] = field(default_factory=list)
+    completions_with_audio: set[str] = field(default_factory=set)
 
     def add(self, response: Any) -> None:
         utterance_id = response.utterance_id
@@ -56,6 +57,8 @@ class Heard:
         if response.HasField("completion"):
             assert utterance_id not in self.completions, f"two completions for {utterance_id!r}"
             self.completions[utterance_id] = response.completion
+            if response.chunk.audio:
+                self.completions_with_audio.add(utterance_id)
 
 
 def alone(client: TtsClient, text: str) -> tuple[np.ndarray, Any]:
@@ -100,6 +103,25 @@ def test_three_utterances_with_one_cancelled_midway_leave_the_other_two_as_they_
         assert not differs(pcm16(bytes(result.audio[utterance_id])), audio)
     assert differs(pcm16(bytes(result.audio["a"])), pcm16(bytes(result.audio["c"])))
     assert len({completion.request_id for completion in result.completions.values()}) == 3
+
+
+def test_a_cancelled_utterances_completion_carries_no_resampler_tail_of_the_dropped_audio(client: TtsClient) -> None:
+    requests: queue.Queue[Any] = queue.Queue()
+    requests.put(Say("b", TEXTS["b"]))
+
+    def items() -> Iterator[Any]:
+        while (item := requests.get()) is not None:
+            yield item
+
+    last = None
+    for response in client.streaming_synthesize(items(), RYAN, AudioFormat("pcm16", 16000), GREEDY, timeout=60,
+                                                utterance_id="b"):
+        if last is None and response.chunk.audio:
+            requests.put(CancelUtterance("b"))
+            requests.put(None)
+        last = response
+    assert last is not None and last.completion.finish_reason == tts_pb2.FINISH_REASON_CANCELLED
+    assert not last.chunk.audio
 
 
 def test_a_call_that_names_no_utterance_is_one_utterance_with_the_empty_id(client: TtsClient) -> None:

@@ -2,9 +2,11 @@
 
 With API keys, a call presents exactly one credential (`authorization: Bearer KEY` or `x-api-key: KEY`), and the
 key that authenticated it is the caller (several clients sharing a key are one caller) and the owner of the voices
-it registers. Two credentials are refused rather than resolved: taking the caller from one and the permission from
-another let one valid key pose as any number of callers. Without keys the caller is the peer's address, loopback
-over IPv4 and IPv6 being one address, and every caller shares one namespace of voices.
+it registers. The ElevenLabs-compatible WebSocket route also takes ElevenLabs' own header, `xi-api-key: KEY`
+(`ELEVENLABS_CREDENTIAL_HEADERS`), as one more place for the one credential. Two credentials are refused rather
+than resolved: taking the caller from one and the permission from another let one valid key pose as any number of
+callers. Without keys the caller is the peer's address, loopback over IPv4 and IPv6 being one address, and every
+caller shares one namespace of voices.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import grpc
 from tts_service.api.errors import ApiError
 
 CREDENTIAL_HEADERS = ("authorization", "x-api-key")
+# ElevenLabs' clients send their key in this header only; accepted on the ElevenLabs-compatible route alone.
+ELEVENLABS_CREDENTIAL_HEADERS = (*CREDENTIAL_HEADERS, "xi-api-key")
 LOOPBACK_CALLER = "loopback"
-_HOW_TO_AUTHENTICATE = "send one of 'authorization: Bearer KEY' or 'x-api-key: KEY'"
 
 Metadata = Iterable[tuple[str, str | bytes]]
 
@@ -47,30 +50,32 @@ class Credentials:
     def is_required(self) -> bool:
         return bool(self._keys)
 
-    def authenticate(self, metadata: Metadata) -> str | None:
+    def authenticate(self, metadata: Metadata, headers: tuple[str, ...] = CREDENTIAL_HEADERS) -> str | None:
         """The key the call authenticated with (None when the server has no keys); raises an UNAUTHENTICATED
-        ApiError for no credential, more than one, or one that is not a configured key."""
+        ApiError for no credential, more than one, or one that is not a configured key. `headers` are the names a
+        credential may come in (every one of them counts towards the one credential)."""
         if not self._keys:
             return None
-        presented = [(name, _text(value)) for name, value in metadata if name in CREDENTIAL_HEADERS]
+        how = _how_to_authenticate(headers)
+        presented = [(name, _text(value)) for name, value in metadata if name in headers]
         if not presented:
-            raise unauthenticated(f"a valid API key is required: {_HOW_TO_AUTHENTICATE}")
+            raise unauthenticated(f"a valid API key is required: {how}")
         if len(presented) > 1:
             names = ", ".join(name for name, _ in presented)
             raise unauthenticated(f"a call presents exactly one credential, this one presented {len(presented)} "
-                                  f"({names}): {_HOW_TO_AUTHENTICATE}")
+                                  f"({names}): {how}")
         name, value = presented[0]
         key = _bearer_token(value) if name == "authorization" else value
         if key is None:
-            raise unauthenticated(f"authorization: only the Bearer scheme is accepted: {_HOW_TO_AUTHENTICATE}")
+            raise unauthenticated(f"authorization: only the Bearer scheme is accepted: {how}")
         if not any([hmac.compare_digest(key.encode(), accepted) for accepted in self._keys]):
-            raise unauthenticated(f"the API key is not valid: {_HOW_TO_AUTHENTICATE}")
+            raise unauthenticated(f"the API key is not valid: {how}")
         return key
 
-    def identity(self, metadata: Metadata, peer: str) -> Identity:
+    def identity(self, metadata: Metadata, peer: str, headers: tuple[str, ...] = CREDENTIAL_HEADERS) -> Identity:
         """The caller and owner of a call from `peer` (gRPC's spelling, "ipv4:10.0.0.7:5123"). A key is kept only
         as a digest, so that the key itself is never held longer than the call."""
-        key = self.authenticate(metadata)
+        key = self.authenticate(metadata, headers)
         if key is None:
             return Identity(caller=peer_address(peer), owner="")
         digest = hashlib.sha256(key.encode()).hexdigest()
@@ -96,6 +101,11 @@ def peer_address(peer: str) -> str:
     if ip.is_loopback:
         return LOOPBACK_CALLER
     return f"ipv{ip.version}:{ip}"
+
+
+def _how_to_authenticate(headers: tuple[str, ...]) -> str:
+    ways = [f"'{name}: Bearer KEY'" if name == "authorization" else f"'{name}: KEY'" for name in headers]
+    return f"send one of {', '.join(ways[:-1])} or {ways[-1]}"
 
 
 def _text(value: str | bytes) -> str:

@@ -153,7 +153,8 @@ async def serve(config: ServerConfig) -> int:
         logger.error("%s", error)
         return 1
     except LexiconStoreUnusableError as error:
-        logger.error("cannot use the voice store for lexicons: %s", error)
+        logger.error("cannot use the voice store: --voice-store %s (for lexicons): %s", config.engine.voice_store_dir,
+                     error)
         return 1
     tracer: CallTracer | None = None
     gc_watch = None

@@ -66,7 +66,8 @@ from tts_service.api.voices import (
     not_found,
     registered_voice_message,
 )
-from tts_service.api.word_timestamps import AlignerThread, TimedWord, WordTracker, check_word_timestamps
+from tts_service.api.websocket_door import WebSocketDoor
+from tts_service.api.word_timestamps import AlignerThread, TimedWord, WordTracker, word_timestamps_language
 from tts_service.audio.output import OutputFormat, encode_whole
 from tts_service.engine import EngineDoor, ModelInfo, RequestStream, SynthesisSummary, VoiceNotFoundError
 
@@ -265,29 +266,18 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
             config = await first_config(request_iterator, self._config)
             output = output_format(config.audio_format)
             identity = self._steps.credentials.identity_of(context)
-            language = self._word_timestamps_language(config, "config.word_timestamps")
-            lexicon = self._steps.request_lexicon(config, identity.owner)
-            prepared = await self._steps.prepare(record, "", config.voice, config.generation, identity.owner)
-            utterances = UtteranceCall(self._steps, record, identity.caller, prepared, output, context.time_remaining,
-                                       language, lexicon)
-            await utterances.open_first(config.utterance_id)
+            utterances = await UtteranceCall.start(self._steps, record, identity, config, output,
+                                                   context.time_remaining)
             call = TextCall(self._config, utterances, started, self._completion)
             async for message in call.responses(request_iterator):
                 yield message
-
-    def _word_timestamps_language(self, request: Any, field: str) -> str | None:
-        """The language to cut a request's words in, when it asks for word timestamps; None when it does not."""
-        if not request.word_timestamps:
-            return None
-        check_word_timestamps(self._steps.aligner, request.voice.language, field)
-        return request.voice.language
 
     async def _start_whole_text(self, record: CallRecord, request: Any,
                                 context: grpc.aio.ServicerContext) -> tuple[RequestStream, WordTracker | None]:
         """A Synthesize or SynthesizeOnline request, checked and queued, with its lexicon applied; and its word
         timings to come, when it asked for them."""
         owner = self._owner(context)
-        language = self._word_timestamps_language(request, "word_timestamps")
+        language = word_timestamps_language(self._steps.aligner, request, "word_timestamps")
         lexicon = self._steps.request_lexicon(request, owner)
         substituted = None if lexicon is None else lexicon.apply(request.text)
         spoken = request.text if substituted is None else substituted.spoken
@@ -421,9 +411,9 @@ class TtsServer:
         # short grace as gRPC's calls.
         self._openai_http: web.AppRunner | None = None
         if config.http_port is not None:
-            api = OpenAISpeechApi(self.steps, self.state, config)
-            self._openai_http = http_runner(api.app(), config, handler_cancellation=True,
-                                            shutdown_timeout=_FLUSH_GRACE_S)
+            app = OpenAISpeechApi(self.steps, self.state, config).app()
+            WebSocketDoor(self.steps, self.state, config).add_routes(app)  # streamed text over WebSockets
+            self._openai_http = http_runner(app, config, handler_cancellation=True, shutdown_timeout=_FLUSH_GRACE_S)
         self._http_listeners: list[asyncio.Server] = []
 
     async def start(self) -> None:

@@ -262,13 +262,14 @@ class SpeechSteps:
         return combined if combined.entries else None
 
     async def prepare(self, record: CallRecord, text: str, voice: Any, generation: Any,
-                      owner: str, spoken_text: str | None = None) -> PreparedRequest:
+                      owner: str, spoken_text: str | None = None, is_text_streamed: bool = False) -> PreparedRequest:
         """Check the request (a qwen3_tts.v1 VoiceSelection and GenerationConfig: the engine checks the voice at submit)
         and clone its voice, if any; a registered voice is looked up among `owner`'s (see callers.Identity). The
-        limits hold `text` as the client sent it; the model says `spoken_text` (its lexicon applied) when given."""
+        limits hold `text` as the client sent it; the model says `spoken_text` (its lexicon applied) when given.
+        `is_text_streamed`: the text is to come in pieces (`text` is empty)."""
         engine = self.engine_or_unavailable()
         check_input_limits(text, voice, self.config.input_limits)
-        is_whole_text = record.rpc != "StreamingSynthesize"
+        is_whole_text = not is_text_streamed
         params = generation_params(generation, self.config, engine.model_info, text if is_whole_text else None)
         record.num_text_chars = len(text)
         clone = await self._voice_clone(engine, voice, record, owner)

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from observability.calls import CallRecord
+from tts_service.api.callers import Identity
 from tts_service.api.errors import invalid
 from tts_service.api.lexicons import Lexicon, StreamingSubstitution
 from tts_service.api.speech import EncodedAudio, PreparedRequest, SpeechSteps
-from tts_service.api.word_timestamps import WordTracker
+from tts_service.api.word_timestamps import WordTracker, word_timestamps_language
 from tts_service.audio.output import OutputFormat
 from tts_service.engine import FinishReason, SynthesisSummary
 
@@ -95,6 +96,19 @@ class UtteranceCall:
         self._audio: asyncio.Queue[UtteranceItem | BaseException] = asyncio.Queue(maxsize=1)
         self._acks: asyncio.Queue[UtteranceItem] = asyncio.Queue(maxsize=MAX_UNSENT_ACKS)
         self._ended = asyncio.Event()
+
+    @classmethod
+    async def start(cls, steps: SpeechSteps, record: CallRecord, identity: Identity, config: Any,
+                    output: OutputFormat, time_remaining: Callable[[], float | None]) -> UtteranceCall:
+        """A streamed-text call whose config (a StreamingSynthesizeConfig) has arrived: checked, its voice cloned
+        and its lexicon resolved once for all its utterances, and its first utterance opened."""
+        language = word_timestamps_language(steps.aligner, config, "config.word_timestamps")
+        lexicon = steps.request_lexicon(config, identity.owner)
+        prepared = await steps.prepare(record, "", config.voice, config.generation, identity.owner,
+                                       is_text_streamed=True)
+        call = cls(steps, record, identity.caller, prepared, output, time_remaining, language, lexicon)
+        await call.open_first(config.utterance_id)
+        return call
 
     @property
     def max_open(self) -> int:
@@ -254,6 +268,8 @@ class UtteranceCall:
             async for piece in audio:
                 if piece.summary is not None:
                     is_cancelled = utterance.is_cancelled and piece.summary.finish_reason is FinishReason.ABORTED
+                    if utterance.is_cancelled:  # the encoder's tail belongs to audio that was dropped
+                        piece = EncodedAudio(None, piece.summary, piece.words)
                     await self._audio.put(UtteranceItem(utterance.utterance_id, piece, is_cancelled=is_cancelled))
                     await self._finish(utterance, "CANCELLED" if is_cancelled else "OK")
                     return
