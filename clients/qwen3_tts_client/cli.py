@@ -8,6 +8,8 @@
     qwen3-tts say "Hi." -o - --encoding pcm16 | aplay -f S16_LE -r 24000
     qwen3-tts voice create --reference-audio me.wav --reference-text "What I said."   (prints a voice id)
     qwen3-tts say "Hi." --voice-id voice_... -o hi.wav    (see `qwen3-tts voice --help`)
+    qwen3-tts say "Hello there." -o hello.wav --timestamps                 (each word's timing to stderr)
+    llm ... | qwen3-tts stream -o a.wav --timestamps-out words.jsonl       (as JSON lines, as they arrive)
 
 -o/--output FILE: the suffix picks the format: .wav; .flac; .ogg or .opus (Ogg/Opus, at 8, 16, 24 or
 48 kHz); .mp3 where this libsndfile can encode MP3; .pcm, .raw or .l16 (headerless PCM16, little-endian);
@@ -19,6 +21,12 @@ a failed call leaves an existing FILE as it was.
 WAV whose header says "unknown length" (players and libsndfile read it), or the --encoding given
 (pcm16: raw samples, signed 16-bit little-endian, no header). A pipe or FIFO whose name has one of the
 suffixes above gets that format, except .flac and .mp3, which need a file.
+
+--timestamps (say, stream): the server (started with --aligner-model) says when each word is spoken; each
+word's timing is printed to stderr as it arrives, a sentence or so behind the audio, or with --timestamps-out
+FILE written to FILE (- for stdout, when the audio goes elsewhere) as JSON lines: {"word", "start_char",
+"end_char", "start_seconds", "end_seconds"}, character offsets into the text sent, seconds from the audio's
+first sample. The audio is the same with or without them.
 
 Errors name the flag or the request field at fault. Exit status: 1 when the call failed (refused by
 the server, server unreachable, deadline passed), 2 for a bad argument or output, 130 on Ctrl-C.
@@ -32,15 +40,16 @@ import argparse
 import codecs
 import contextlib
 import enum
+import json
 import os
 import stat
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 import grpc
 import numpy as np
@@ -52,6 +61,7 @@ from clients.qwen3_tts_client.voice_commands import add_voice_commands, describe
 API_KEY_ENV = "QWEN3_TTS_API_KEY"
 ENCODINGS = ("pcm16", "wav", "ogg_opus", "mulaw", "alaw")
 _OUTPUT_FLAG = "-o/--output"
+_TIMESTAMPS_OUT_FLAG = "--timestamps-out"
 _STDIN_READ_BYTES = 4096
 _STDOUT_FD = 1
 _UINT32_MAX = 2**32 - 1
@@ -173,6 +183,12 @@ def _add_synthesis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repetition-penalty", type=float)
     parser.add_argument("--seed", type=_whole_number(0, _UINT32_MAX))
     parser.add_argument("--max-seconds", type=float, help="most audio to generate")
+    parser.add_argument("--timestamps", action="store_true",
+                        help="print when each word is spoken to stderr, as the timings arrive (needs a server "
+                             "started with --aligner-model)")
+    parser.add_argument(_TIMESTAMPS_OUT_FLAG, metavar="FILE",
+                        help="write the word timings to FILE instead, as JSON lines (- for stdout when the audio "
+                             "goes elsewhere); implies --timestamps")
 
 
 def _connection(args: argparse.Namespace) -> Connection:
@@ -356,6 +372,68 @@ def patch_wav_sizes(file: BinaryIO) -> None:
     file.seek(end)
 
 
+class WordLog:
+    """Where word timings go as they arrive: a line each on stderr, or a JSON object a line in --timestamps-out.
+
+    Each batch is flushed at once, so that someone following the file (or the pipe) sees a word as soon as the
+    server has timed it; a file is written in place, not renamed at the end, for the same reason.
+    """
+
+    def __init__(self, file: TextIO | None, as_json: bool, name: str = "") -> None:
+        self._file = file
+        self._as_json = as_json
+        self._name = name
+
+    def write(self, words: Iterable[Any]) -> None:
+        if self._file is None:
+            return
+        lines = [_json_line(word) if self._as_json else _text_line(word) for word in words]
+        if not lines:
+            return
+        try:
+            self._file.write("".join(lines))
+            self._file.flush()
+        except OSError as error:
+            raise CliError(_TIMESTAMPS_OUT_FLAG, f"cannot write {self._name!r}: {error.strerror or error}") from None
+
+
+def _text_line(word: Any) -> str:
+    return (f"word {word.start_seconds:.3f}-{word.end_seconds:.3f} s: {word.word} "
+            f"[{word.start_char}:{word.end_char}]\n")
+
+
+def _json_line(word: Any) -> str:
+    return json.dumps({"word": word.word, "start_char": word.start_char, "end_char": word.end_char,
+                       "start_seconds": word.start_seconds, "end_seconds": word.end_seconds},
+                      ensure_ascii=False) + "\n"
+
+
+def _wants_timestamps(args: argparse.Namespace) -> bool:
+    return bool(args.timestamps or args.timestamps_out is not None)
+
+
+@contextlib.contextmanager
+def _word_log(args: argparse.Namespace, audio_kind: _Kind) -> Iterator[WordLog]:
+    """The WordLog the flags ask for; a file named by --timestamps-out is opened before the call, so that one it
+    cannot write is refused before the server is asked for anything."""
+    path = args.timestamps_out
+    if path is None:
+        yield WordLog(sys.stderr if args.timestamps else None, as_json=False)
+        return
+    if path == "-":
+        if audio_kind is _Kind.STDOUT:
+            raise CliError(_TIMESTAMPS_OUT_FLAG, f"- is stdout, where the audio already goes ({_OUTPUT_FLAG}); "
+                                                 "name a file")
+        yield WordLog(sys.stdout, as_json=True, name="stdout")
+        return
+    try:
+        file = open(path, "w", encoding="utf-8")  # noqa: SIM115 -- closed below, after the call
+    except OSError as error:
+        raise CliError(_TIMESTAMPS_OUT_FLAG, f"cannot write {path!r}: {error.strerror or error}") from None
+    with file:
+        yield WordLog(file, as_json=True, name=path)
+
+
 def stdin_fragments() -> Iterator[str]:
     """Text from stdin as soon as it arrives (not line by line), never splitting a UTF-8 character."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -380,20 +458,25 @@ def _say_or_stream(client: TtsClient, args: argparse.Namespace) -> None:
     kind = _output_kind(args.output)
     chosen = _output_format(args.output, args.encoding, kind)
     voice, audio_format, generation = _request_parts(args, chosen.encoding)
+    timestamps = _wants_timestamps(args)
     completion = None
-    with AudioOutput(args.output, kind, chosen, args.sample_rate) as sink:
+    with AudioOutput(args.output, kind, chosen, args.sample_rate) as sink, _word_log(args, kind) as words:
         if args.command == "say" and args.unary:
-            response = client.synthesize(args.text, voice, audio_format, generation, timeout=args.timeout)
+            response = client.synthesize(args.text, voice, audio_format, generation, timeout=args.timeout,
+                                         word_timestamps=timestamps)
             sink.write(response.audio)
+            words.write(response.words)
             completion = response.completion
         else:
             if args.command == "say":
-                responses = client.synthesize_online(args.text, voice, audio_format, generation, args.timeout)
+                responses = client.synthesize_online(args.text, voice, audio_format, generation, args.timeout,
+                                                     word_timestamps=timestamps)
             else:
                 responses = client.streaming_synthesize(stdin_fragments(), voice, audio_format, generation,
-                                                        args.timeout)
+                                                        args.timeout, word_timestamps=timestamps)
             for response in responses:
                 sink.write(response.chunk.audio)
+                words.write(response.words.words)
                 if response.HasField("completion"):
                     completion = response.completion
         sink.commit()

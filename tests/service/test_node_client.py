@@ -1,7 +1,7 @@
 """The Node.js client (clients/node) against the real server, run as its own process.
 
-One server process (`python -m tts_service --model random:tiny-custom_voice`, on the CPU, with an
-API key) serves the module; every test runs the Node CLI, `node clients/node/bin/qwen3-tts.js`, in
+One server process (`python -m tts_service --model random:tiny-custom_voice --aligner-model random:tiny`, on
+the CPU, with an API key) serves the module; every test runs the Node CLI, `node clients/node/bin/qwen3-tts.js`, in
 a subprocess, as a user would. Needs `node` on PATH (skipped otherwise); installs the client's
 packages with `npm ci` when clients/node/node_modules is missing.
 """
@@ -22,6 +22,7 @@ import soundfile
 
 from tests.service.processes import ROOT, ServerProcess, server_process
 from tests.service.test_voice_clone import pcm16_samples, wav_file
+from tts_service.model.aligner_text import split_words
 
 NODE_PACKAGE = ROOT / "clients" / "node"
 CLI = NODE_PACKAGE / "bin" / "qwen3-tts.js"
@@ -54,8 +55,9 @@ def server(node: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
     directory = tmp_path_factory.mktemp("node-client-server")
     keys = directory / "api-keys"
     keys.write_text(f"# the test's key\n{API_KEY}\n")
+    # The random aligner times words (as noise) for the tests of word timestamps; calls without them never use it.
     with server_process(directory, "--api-keys-file", str(keys), "--max-audio-seconds", str(MAX_AUDIO_SECONDS),
-                        "--drain-timeout-seconds", "2") as running:
+                        "--drain-timeout-seconds", "2", "--aligner-model", "random:tiny") as running:
         yield running
 
 
@@ -160,6 +162,67 @@ def test_library_streams_tokens_with_a_flush_and_iterates_contiguous_audio_to_th
     assert completion["finish_reason"] in ("FINISH_REASON_STOPPED", "FINISH_REASON_LENGTH")
     assert streamed["samples"] == round(completion["usage"]["audio_seconds"] * 16000)
     assert streamed["requestId"] == completion["request_id"] != ""
+
+
+def words_of(text: str) -> list[tuple[str, int, int]]:
+    return [(word.text, word.start_char, word.end_char) for word in split_words(text)]
+
+
+def printed_words(stderr: str) -> list[tuple[str, int, int]]:
+    """(word, start_char, end_char) from the CLI's 'word 0.240-0.560 s: Hello [0:5]' lines."""
+    words = []
+    for line in stderr.splitlines():
+        if line.startswith("word "):
+            word, span = line.split(": ", 1)[1].rsplit(" ", 1)
+            start, end = span.strip("[]").split(":")
+            words.append((word, int(start), int(end)))
+    return words
+
+
+def test_library_speaks_turns_as_utterances_of_one_call_cancels_one_and_times_the_words_of_each(
+        node: str, server: ServerProcess) -> None:
+    env = {**os.environ, "QWEN3_TTS_API_KEY": API_KEY}
+    result = subprocess.run([node, str(NODE_PACKAGE / "examples" / "utterances.js"), server.target, "ryan"],
+                            capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
+    assert result.returncode == 0, result.stderr
+    heard = json.loads(result.stdout)
+    assert list(heard) == ["t1", "t2", "t3"]
+    cut = heard["t2"]
+    assert cut["finishReason"] == "cancelled"
+    assert 0 < cut["samples"] < MAX_AUDIO_SECONDS * 16000  # stopped after its first audio
+    # Only words committed before the cancel, so at most the first few, in order.
+    assert [(w["word"], w["start_char"], w["end_char"]) for w in cut["words"]] == words_of(cut["text"])[
+        :len(cut["words"])]
+    for spoken in (heard["t1"], heard["t3"]):  # t3 spoken on the same call, after the cancel
+        assert spoken["finishReason"] in ("stopped", "length")
+        assert spoken["contiguous"] and spoken["samples"] == round(spoken["audioSeconds"] * 16000)
+        assert [(w["word"], w["start_char"], w["end_char"]) for w in spoken["words"]] == words_of(spoken["text"])
+        assert all(0 <= w["start_seconds"] <= w["end_seconds"] <= spoken["audioSeconds"] + 1e-6
+                   for w in spoken["words"])
+
+
+@pytest.mark.parametrize("call", ["streamed", "unary"])
+def test_say_with_timestamps_prints_every_word_to_stderr_and_the_same_audio(node: str, server: ServerProcess,
+                                                                             tmp_path: Path, call: str) -> None:
+    text = "Hello there, friend. How are you?"
+    plain, timed = tmp_path / "plain.pcm", tmp_path / "timed.pcm"
+    common = ["--speaker", "ryan", "--encoding", "pcm16", "--temperature", "0",
+              *(["--unary"] if call == "unary" else [])]
+    without = run_cli(node, server, "say", text, "-o", str(plain), *common)
+    result = run_cli(node, server, "say", text, "-o", str(timed), "--timestamps", *common)
+    assert without.returncode == 0 and result.returncode == 0, without.stderr + result.stderr
+    assert printed_words(result.stderr) == words_of(text)
+    assert printed_words(without.stderr) == []  # callers that do not ask get what they got before
+    assert timed.read_bytes() == plain.read_bytes()
+
+
+def test_stream_with_timestamps_prints_the_words_of_stdin(node: str, server: ServerProcess, tmp_path: Path) -> None:
+    text = "Hi there. Bye now."
+    result = subprocess.run([node, str(CLI), *cli_args(server, "stream", "-o", str(tmp_path / "s.wav"), "--speaker",
+                                                       "ryan", "--timestamps")],
+                            input=text, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr
+    assert printed_words(result.stderr) == words_of(text)
 
 
 @pytest.mark.parametrize("call", ["streamed", "unary"])

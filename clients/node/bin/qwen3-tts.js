@@ -37,6 +37,8 @@ say / stream:
   --sample-rate HZ       output rate (default 24000)
   --temperature T  --top-k K  --top-p P  --repetition-penalty R  --seed N  --max-seconds S
   --unary                say: one Synthesize call instead of streaming the audio back
+  --timestamps           print when each word is spoken to stderr as the timings arrive
+                         (a server started with --aligner-model): word START-END s: WORD [START_CHAR:END_CHAR]
 
 voice create:
   --reference-audio FILE the recording to clone (an audio file)
@@ -86,6 +88,7 @@ const OPTIONS = {
   seed: { type: 'string' },
   'max-seconds': { type: 'string' },
   unary: { type: 'boolean' },
+  timestamps: { type: 'boolean' },
   json: { type: 'boolean' },
 };
 
@@ -134,7 +137,15 @@ function requestParts(values) {
       voice_id: values['voice-id'] },
     audio_format: { encoding: encodingName(encodingOf(values)), sample_rate: number(values, 'sample-rate', { integer: true }) ?? 0 },
     generation: Object.fromEntries(Object.entries(generation).filter(([, v]) => v !== undefined)),
+    ...(values.timestamps ? { word_timestamps: true } : {}),
   };
+}
+
+// One line a word on stderr, as the Python CLI prints them; the audio's output is left alone.
+function printWords(words) {
+  for (const w of words) {
+    process.stderr.write(`word ${w.start_seconds.toFixed(3)}-${w.end_seconds.toFixed(3)} s: ${w.word} [${w.start_char}:${w.end_char}]\n`);
+  }
 }
 
 function summary(output, completion, audioFormat, clientTiming) {
@@ -160,12 +171,13 @@ async function say(client, values, text) {
       const response = await client.synthesize(request);
       firstAudio = (performance.now() - started) / 1000;
       sink.write(response.audio);
+      printWords(response.words);
       return summary(values.output, response.completion, response.audio_format, seconds(firstAudio, 'to the whole file'));
     }
     const { completion } = await client.synthesizeOnline(request, (chunk) => {
       if (firstAudio === null && chunk.audio.length > 0) firstAudio = (performance.now() - started) / 1000;
       sink.write(chunk.audio);
-    });
+    }, { onWords: printWords });
     return summary(values.output, completion, request.audio_format, seconds(firstAudio, 'from the request to first audio here'));
   } finally {
     await sink.close(!values.unary);
@@ -173,9 +185,11 @@ async function say(client, values, text) {
 }
 
 async function stream(client, values) {
-  const { voice, audio_format: audioFormat, generation } = requestParts(values);
+  const config = requestParts(values); // {voice, audio_format, generation[, word_timestamps]}
+  const audioFormat = config.audio_format;
   const sink = new AudioSink(values.output, { patchWav: audioFormat.encoding === encodingName('wav') });
-  const call = client.streamingSynthesize({ voice, audio_format: audioFormat, generation });
+  const call = client.streamingSynthesize(config);
+  call.on('words', printWords);
   let firstText = null;
   let firstAudio = null;
   call.on('audio', (chunk) => {

@@ -9,6 +9,11 @@
 // are Numbers, and unset fields of a response hold their defaults (absent messages are null).
 // A request with a field or enum value the proto does not have is refused with a TypeError before
 // anything is sent, rather than having the field silently dropped.
+//
+// Word timestamps: set `word_timestamps: true` on a request or a streaming config (the server needs
+// --aligner-model); timed words come as WordTiming objects ({word, start_char, end_char, start_seconds,
+// end_seconds}). Utterances: one streamingSynthesize call carries several, each named by an id
+// (write(text, id), closeUtterance(id), cancelUtterance(id)); every event names the utterance it is for.
 
 import { EventEmitter } from 'node:events';
 import { existsSync } from 'node:fs';
@@ -272,7 +277,8 @@ export function createClient(options = {}) {
     },
 
     /**
-     * One request, one response. Resolves with { audio: Buffer, audio_format, mime_type, completion, requestId }.
+     * One request, one response. Resolves with { audio: Buffer, audio_format, mime_type, completion, words,
+     * requestId }; `words` (WordTiming[]) is empty unless the request set word_timestamps.
      */
     async synthesize(request, opts) {
       const [response, requestId] = await unary('Synthesize', check('SynthesizeRequest', request), opts);
@@ -281,7 +287,8 @@ export function createClient(options = {}) {
 
     /**
      * One request, audio streamed back. `onChunk(chunk)` gets every AudioChunk (with `audio` bytes) in
-     * order as it arrives. Resolves with { completion, requestId, chunks, bytes } after the last message.
+     * order as it arrives; with word_timestamps, `opts.onWords(words)` gets each batch of WordTiming as it
+     * arrives. Resolves with { completion, requestId, chunks, bytes, words } after the last message.
      */
     synthesizeOnline(request, onChunk, opts) {
       const message = check('SynthesizeRequest', request);
@@ -291,21 +298,31 @@ export function createClient(options = {}) {
         let completion = null;
         let chunks = 0;
         let bytes = 0;
+        const words = [];
         let failed = false;
+        // A handler of the caller's that throws stops the generation, and its error is the call's.
+        const handle = (handler, value) => {
+          try {
+            handler?.(value);
+            return true;
+          } catch (error) {
+            failed = true;
+            call.cancel();
+            reject(error);
+            return false;
+          }
+        };
         call.on('metadata', (metadata) => { requestId = headerRequestId(metadata) ?? requestId; });
         call.on('data', (response) => {
           if (failed) return;
           if (response.chunk) {
             chunks += 1;
             bytes += response.chunk.audio.length;
-            try {
-              onChunk?.(response.chunk);
-            } catch (error) { // the caller's handler failed: stop generating, report its error
-              failed = true;
-              call.cancel();
-              reject(error);
-              return;
-            }
+            if (!handle(onChunk, response.chunk)) return;
+          }
+          if (response.words?.words.length) {
+            words.push(...response.words.words);
+            if (!handle(opts?.onWords, response.words.words)) return;
           }
           if (response.completion) completion = response.completion;
         });
@@ -314,16 +331,16 @@ export function createClient(options = {}) {
           if (failed) return;
           if (!completion) {
             reject(new TtsError({ code: grpc.status.INTERNAL, details: 'the stream ended without a completion', requestId }));
-          } else resolve({ completion, requestId: requestId ?? completion.request_id, chunks, bytes });
+          } else resolve({ completion, requestId: requestId ?? completion.request_id, chunks, bytes, words });
         });
       });
     },
 
     /**
-     * Text in, audio out. `config` is a StreamingSynthesizeConfig ({voice, audio_format, generation}).
-     * Returns a SynthesisStream: write() text fragments, end() the text, read audio with
-     * `for await (const message of stream)` or with 'audio' events; `stream.done` resolves with
-     * { completion, requestId } when the server has finished.
+     * Text in, audio out. `config` is a StreamingSynthesizeConfig ({voice, audio_format, generation,
+     * utterance_id, word_timestamps}). Returns a SynthesisStream: write() text fragments (of one utterance
+     * or several), end() the text, read audio with `for await (const message of stream)` or with 'audio'
+     * events; `stream.done` resolves with { completion, completions, requestId } when the server has finished.
      */
     streamingSynthesize(config, opts) {
       const first = { config: check('StreamingSynthesizeConfig', config) };
@@ -352,14 +369,21 @@ function headerRequestId(metadata) {
 }
 
 /**
- * A StreamingSynthesize call. Events: 'audio' (AudioChunk), 'flushAck' (marker), 'completion'
- * (Completion), 'error' (TtsError; only emitted when someone listens), 'end'. Async iteration yields
- * every StreamingSynthesizeResponse ({chunk, completion, flush_ack}) and throws the call's error.
- * Use events or iteration: messages are buffered for iteration unless 'audio' listeners are attached
- * before the first message arrives.
+ * A StreamingSynthesize call. Events: 'audio' (AudioChunk), 'words' (WordTiming[]), 'flushAck' (marker),
+ * 'completion' (Completion), each with the utterance id as a second argument; 'error' (TtsError; only
+ * emitted when someone listens), 'end'. Async iteration yields every StreamingSynthesizeResponse
+ * ({chunk, completion, flush_ack, words, utterance_id}) and throws the call's error. Use events or
+ * iteration: messages are buffered for iteration unless 'audio' listeners are attached before the first
+ * message arrives.
+ *
+ * Utterances (an agent's turns): write(text, id) opens utterance `id` with the call's config, or adds to
+ * it; closeUtterance(id) ends its text; cancelUtterance(id) stops it at once (barge-in), its completion
+ * then saying FINISH_REASON_CANCELLED. The id '' is the config's own (its utterance_id), so a caller that
+ * never names one has a single utterance, as before.
  */
 export class SynthesisStream extends EventEmitter {
   #call;
+  #utteranceWaiters = new Map();
   #queue = [];
   #waiters = [];
   #iterating = false;
@@ -373,6 +397,8 @@ export class SynthesisStream extends EventEmitter {
     this.#call = call;
     this.requestId = null;
     this.completion = null;
+    /** Each finished utterance's Completion, by utterance id, in the order they finished. */
+    this.completions = new Map();
     this.done = new Promise((resolve, reject) => {
       this.#resolveDone = resolve;
       this.#rejectDone = reject;
@@ -390,16 +416,45 @@ export class SynthesisStream extends EventEmitter {
     call.write(firstMessage);
   }
 
-  /** Send the next text fragment (any size; may end inside a word). Returns false when the caller should wait for 'drain'. */
-  write(text) {
+  /**
+   * Send the next text fragment (any size; may end inside a word) of utterance `utteranceId` (default: the
+   * config's); a new id opens a new utterance. Returns false when the caller should wait for 'drain'.
+   */
+  write(text, utteranceId = '') {
     if (typeof text !== 'string') throw new TypeError('write(text): text must be a string');
     if (text === '') return true;
-    return this.#call.write({ text });
+    return this.#call.write({ text, ...utteranceField('write', utteranceId) });
   }
 
   /** Send a Flush; the server answers with a FlushAck carrying `marker` (a 'flushAck' event). */
-  flush(marker = '') {
-    return this.#call.write({ flush: { marker: String(marker) } });
+  flush(marker = '', utteranceId = '') {
+    return this.#call.write({ flush: { marker: String(marker) }, ...utteranceField('flush', utteranceId) });
+  }
+
+  /** The utterance's text is complete: it is spoken to its end, then its completion comes. */
+  closeUtterance(utteranceId = '') {
+    return this.#call.write({ close_utterance: {}, ...utteranceField('closeUtterance', utteranceId) });
+  }
+
+  /**
+   * Stop the utterance now (barge-in): audio not yet sent is dropped and its completion says
+   * FINISH_REASON_CANCELLED; the call and its other utterances go on.
+   */
+  cancelUtterance(utteranceId = '') {
+    return this.#call.write({ cancel_utterance: {}, ...utteranceField('cancelUtterance', utteranceId) });
+  }
+
+  /** Resolves with the utterance's Completion once it has finished; rejects if the call fails first. */
+  utteranceDone(utteranceId = '') {
+    const id = String(utteranceId);
+    if (this.completions.has(id)) return Promise.resolve(this.completions.get(id));
+    if (this.#finished) {
+      return Promise.reject(this.#error ?? new Error(`the call ended without a completion for utterance '${id}'`));
+    }
+    return new Promise((resolve, reject) => {
+      if (!this.#utteranceWaiters.has(id)) this.#utteranceWaiters.set(id, []);
+      this.#utteranceWaiters.get(id).push({ resolve, reject });
+    });
   }
 
   /** The text is complete: the server speaks what is left, then ends with the completion. */
@@ -413,12 +468,17 @@ export class SynthesisStream extends EventEmitter {
   }
 
   #onMessage(response) {
-    if (response.chunk) this.emit('audio', response.chunk);
-    if (response.flush_ack) this.emit('flushAck', response.flush_ack.marker);
+    const id = response.utterance_id ?? '';
+    if (response.chunk) this.emit('audio', response.chunk, id);
+    if (response.words?.words.length) this.emit('words', response.words.words, id);
+    if (response.flush_ack) this.emit('flushAck', response.flush_ack.marker, id);
     if (response.completion) {
       this.completion = response.completion;
+      this.completions.set(id, response.completion);
       if (!this.requestId) this.requestId = response.completion.request_id || null;
-      this.emit('completion', response.completion);
+      this.emit('completion', response.completion, id);
+      for (const waiter of this.#utteranceWaiters.get(id) ?? []) waiter.resolve(response.completion);
+      this.#utteranceWaiters.delete(id);
     }
     if (this.#iterating || this.listenerCount('audio') === 0) this.#push({ value: response, done: false });
   }
@@ -431,8 +491,13 @@ export class SynthesisStream extends EventEmitter {
       if (this.listenerCount('error') > 0) this.emit('error', error);
       this.#rejectDone(error);
     } else {
-      this.#resolveDone({ completion: this.completion, requestId: this.requestId });
+      this.#resolveDone({ completion: this.completion, completions: this.completions, requestId: this.requestId });
     }
+    for (const [id, waiters] of this.#utteranceWaiters) {
+      const reason = error ?? new Error(`the call ended without a completion for utterance '${id}'`);
+      for (const waiter of waiters) waiter.reject(reason);
+    }
+    this.#utteranceWaiters.clear();
     this.#push(null);
     this.emit('end');
   }
@@ -467,6 +532,12 @@ export class SynthesisStream extends EventEmitter {
       [Symbol.asyncIterator]() { return this; },
     };
   }
+}
+
+/** The utterance_id field of a request message; none for '' (the config's utterance), as before utterances. */
+function utteranceField(method, utteranceId) {
+  if (typeof utteranceId !== 'string') throw new TypeError(`${method}: the utterance id must be a string`);
+  return utteranceId === '' ? {} : { utterance_id: utteranceId };
 }
 
 /** 'AudioEncoding' -> 'AUDIO_ENCODING_': the prefix every value of a proto enum carries. */
