@@ -3,13 +3,13 @@
 # forced aligner loaded): the load generator at RATE req/s without and then with word timestamps on every request
 # (30 s each, mixed calls), then barge-in trials (benchmarks/barge_in.py) beside the same load. Results in
 # $OUT/voice_agents/: loadgen.txt, summary.json (both loads' summaries and the barge-in figures).
-#     bash benchmarks/device_voice_agents.sh [RATE]
+#     bash benchmarks/device_voice_agents.sh [RATE [SERVER_FLAG ...]]
 set -u
 source benchmarks/device_server.sh  # installs the carried wheels into /tmp/site
 rate=${1:-20}
 out=$OUT/voice_agents
 port=50161
-start_server "$out" random:1.7b-custom_voice $port --aligner-model random:0.6b --max-calls-per-caller 100000
+start_server "$out" random:1.7b-custom_voice $port --aligner-model random:0.6b --max-calls-per-caller 100000 "${@:2}"
 for label in plain words; do
   flag=""; [[ $label == words ]] && flag=--word-timestamps
   python3 -m clients.loadgen --server 127.0.0.1:$port --rate "$rate" --duration 30 --rpc mixed --seed 1 $flag \

@@ -7,9 +7,11 @@ Each request's `WordTracker` keeps its text as the client sent it and its audio 
 window that starts where its last committed word ended: the audio since then against the text not yet committed.
 Words are committed a sentence at a time, once the aligner places the sentence's last word at least
 `_MARGIN_S` before the end of the audio so far (the model has moved on to the next sentence); when the request
-ends, the rest is committed. So timings trail their audio by at most about a sentence, playback never waits for
-them, and every word of the text gets one. The aligner reads whole sentences, so the words it places are the
-ones it would place in one pass over the whole text, give or take the window's edges.
+ends, the rest is committed. A window is aligned only when it can hold such a sentence: one that more text
+follows, whose audio at a fast pace would fit in the window; after an alignment that commits nothing the window
+must double first. So timings trail their audio by about a sentence, playback never waits for them, every word of
+the text gets one, and the aligner runs about once a sentence. The aligner reads whole sentences, so the words it
+places are the ones it would place in one pass over the whole text, give or take the window's edges.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -33,8 +35,12 @@ from tts_service.model.aligner import AlignmentItem, ForcedAligner, WordTiming
 _SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s|$)|[。！？；]+[”’」』）]*|\n")
 # A sentence is committed when the aligner ends its last word this long before the audio so far ends.
 _MARGIN_S = 0.3
-# New audio a window needs before it is aligned again (before the request ends).
-_MIN_NEW_AUDIO_S = 0.4
+# A window is aligned only once it holds at least the time its complete sentences need at a fast pace (these
+# characters a second), and after an alignment that committed nothing only once it has grown by this factor: so a
+# sentence is aligned about once, and a window that commits nothing (random weights never do) a few times.
+_FAST_LATIN_CHARS_PER_S = 25.0
+_FAST_CJK_CHARS_PER_S = 10.0
+_RETRY_GROWTH = 2.0
 # Windows aligned in one forward pass at most.
 MAX_ALIGNER_BATCH = 16
 # Languages whose words the aligner cuts with tools of its own, which are not here (see aligner_text).
@@ -61,6 +67,15 @@ def check_word_timestamps(aligner: AlignerThread | None, language: str, field: s
                        "Qwen/Qwen3-ForcedAligner-0.6B) to get word timestamps", field=field)
     if language.lower() in _UNSUPPORTED_LANGUAGES:
         raise invalid(field, f"word timestamps are not available for {language.lower()} text")
+
+
+def word_timestamps_language(aligner: AlignerThread | None, request: Any, field: str) -> str | None:
+    """The language to cut a request's words in, when it asks for word timestamps (a SynthesizeRequest or a
+    StreamingSynthesizeConfig); None when it does not."""
+    if not request.word_timestamps:
+        return None
+    check_word_timestamps(aligner, request.voice.language, field)
+    return request.voice.language
 
 
 class AlignerThread:
@@ -137,7 +152,7 @@ class WordTracker:
         self._num_samples = 0
         self._committed_chars = 0  # the text before this has its words committed
         self._window_start = 0  # the sample where the uncommitted words' audio starts
-        self._aligned_until = 0  # the window's end when it was last aligned
+        self._next_attempt_samples = 0  # the window's length before it is worth aligning again
         self._aligning: asyncio.Task[None] | None = None
 
     def take_words(self) -> tuple[TimedWord, ...]:
@@ -173,8 +188,13 @@ class WordTracker:
             await asyncio.gather(self._aligning, return_exceptions=True)
 
     def _is_worth_aligning(self) -> bool:
-        new_audio_s = (self._num_samples - max(self._aligned_until, self._window_start)) / self._sample_rate
-        return new_audio_s >= _MIN_NEW_AUDIO_S and self._last_sentence_end(self._open_text()) > 0
+        """Whether the window could hold a whole spoken sentence that is not yet committed."""
+        window = self._num_samples - self._window_start
+        if window < self._next_attempt_samples:
+            return False
+        text = self._open_text()
+        end = _last_sentence_end_before_more(text)
+        return end > 0 and window >= (_fastest_speech_s(text[:end]) + _MARGIN_S) * self._sample_rate
 
     def _open_text(self) -> str:
         """The text not yet committed, up to its last complete word (all of it once the text is closed)."""
@@ -189,13 +209,13 @@ class WordTracker:
                 text = self._open_text()
                 audio = self._window_audio()
                 window_s = audio.shape[0] / self._sample_rate
-                self._aligned_until = self._num_samples
                 if not text.strip() or audio.shape[0] < self._sample_rate // 50:
                     if is_final:
                         self._committed_chars = len(self.text)
                     return
                 words = await self._align(AlignmentItem(audio, self._sample_rate, text, self._language))
-                self._commit(words, text, window_s, is_final)
+                is_committed = self._commit(words, text, window_s, is_final)
+                self._next_attempt_samples = 0 if is_committed else round(audio.shape[0] * _RETRY_GROWTH)
                 if is_final or not self._is_worth_aligning():
                     return
         finally:
@@ -208,12 +228,12 @@ class WordTracker:
         audio = self._chunks[0] if self._chunks else np.zeros(0, dtype=np.float32)
         return audio[self._window_start:self._num_samples]
 
-    def _commit(self, words: Sequence[WordTiming], text: str, window_s: float, is_final: bool) -> None:
-        """Commit the words of the window's complete, spoken sentences (all of them when final)."""
+    def _commit(self, words: Sequence[WordTiming], text: str, window_s: float, is_final: bool) -> bool:
+        """Commit the words of the window's complete, spoken sentences (all of them when final); whether any."""
         end = len(text) if is_final else self._spoken_sentences_end(words, text, window_s)
         chosen = [word for word in words if word.end_char <= end]
         if not chosen:
-            return
+            return False
         offset_chars, offset_s = self._committed_chars, self._window_start / self._sample_rate
         committed = tuple(TimedWord(text[word.start_char:word.end_char], word.start_char + offset_chars,
                                     word.end_char + offset_chars, word.start_s + offset_s, word.end_s + offset_s)
@@ -222,6 +242,7 @@ class WordTracker:
         self._committed_chars += following if not is_final else len(text)
         self._window_start += round(chosen[-1].end_s * self._sample_rate)
         self._ready += committed if self._mapping is None else self._as_sent(committed)
+        return True
 
     def _as_sent(self, words: Sequence[TimedWord]) -> list[TimedWord]:
         """Spoken words named by their spans of the text as sent; the words of one alias become its grapheme."""
@@ -248,9 +269,24 @@ class WordTracker:
                 break
         return best
 
-    def _last_sentence_end(self, text: str) -> int:
-        ends = [match.end() for match in _SENTENCE_END.finditer(text)]
-        return ends[-1] if ends else 0
+
+
+def _last_sentence_end_before_more(text: str) -> int:
+    """The end of the text's last sentence that more text follows (0: none). The last sentence of what is known
+    is timed when more text comes or the request ends: before that its words could be the last it speaks."""
+    ends = [match.end() for match in _SENTENCE_END.finditer(text) if text[match.end():].strip()]
+    return ends[-1] if ends else 0
+
+
+def _fastest_speech_s(text: str) -> float:
+    """The least time speaking `text` can take: each CJK character and each other letter or digit at a fast pace."""
+    cjk = sum(1 for character in text if _is_cjk(character))
+    other = sum(1 for character in text if character.isalnum()) - cjk
+    return other / _FAST_LATIN_CHARS_PER_S + cjk / _FAST_CJK_CHARS_PER_S
+
+
+def _is_cjk(character: str) -> bool:
+    return "\u2e80" <= character <= "\u9fff" or "\uac00" <= character <= "\ud7af"
 
 
 def _last_word_break(text: str) -> int:
@@ -263,4 +299,4 @@ def _last_word_break(text: str) -> int:
 
 def _is_cut_anywhere(character: str) -> bool:
     """Punctuation and CJK characters end a word where they stand."""
-    return not character.isalnum() or "\u2e80" <= character <= "\u9fff" or "\uac00" <= character <= "\ud7af"
+    return not character.isalnum() or _is_cjk(character)

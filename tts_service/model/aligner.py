@@ -176,8 +176,9 @@ class ForcedAligner:
         # The extractor's framing reflects each clip's edges by half a window, which needs more samples than that.
         min_samples = self.feature_extractor.n_fft // 2 + 1
         clips = [prepare_audio(item.audio, item.sample_rate, min_samples) for item in items]
+        # The spectrogram on the aligner's device: on a GPU it keeps the server's host threads (and the GIL) free.
         extracted = self.feature_extractor(clips, sampling_rate=SAMPLE_RATE, padding=True, truncation=False,
-                                           return_attention_mask=True, return_tensors="pt")
+                                           return_attention_mask=True, return_tensors="pt", device=str(self.device))
         frames = extracted["attention_mask"].sum(-1).tolist()
         features = [extracted["input_features"][row, :, :count].to(self.device, self.dtype)
                     for row, count in enumerate(frames)]

@@ -65,8 +65,10 @@ class AudioAttention(nn.Module):
         self.v_proj = nn.Linear(width, width)
         self.out_proj = nn.Linear(width, width)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [S, width] -> [S, width]."""
+    def forward(self, x: torch.Tensor, clip_sizes: list[int] | None = None) -> torch.Tensor:
+        """x [S, width] -> [S, width]: the tokens of one clip, or of several one after another (`clip_sizes`),
+        each clip attending to itself only. The projections take every clip at once; the attention runs clip by
+        clip, as one clip alone runs it, so that a batch gives each clip the numbers it gets alone."""
         length = x.shape[0]
 
         def heads(projection: nn.Linear) -> torch.Tensor:
@@ -75,8 +77,11 @@ class AudioAttention(nn.Module):
         # The reference builds a block mask for 8-second windows but, outside flash-attention, never passes it:
         # every token sees the whole clip. Its SDPA call asks for grouped-query attention even with equal heads.
         extra = {"enable_gqa": True} if _SDPA_HAS_GQA else {}
-        out = F.scaled_dot_product_attention(heads(self.q_proj), heads(self.k_proj), heads(self.v_proj),
-                                             scale=self.scale, is_causal=False, **extra)
+        sizes = clip_sizes or [length]
+        per_clip = zip(*(projection.split(sizes, dim=2) for projection in
+                         (heads(self.q_proj), heads(self.k_proj), heads(self.v_proj))), strict=True)
+        out = torch.cat([F.scaled_dot_product_attention(query, key, value, scale=self.scale, is_causal=False,
+                                                        **extra) for query, key, value in per_clip], dim=2)
         return self.out_proj(out.transpose(1, 2).reshape(length, -1))
 
 
@@ -89,13 +94,18 @@ class AudioEncoderLayer(nn.Module):
         self.fc2 = nn.Linear(ffn_width, width)
         self.final_layer_norm = nn.LayerNorm(width)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x))
+    def forward(self, x: torch.Tensor, clip_sizes: list[int] | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.self_attn_layer_norm(x), clip_sizes)
         x = x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
         if x.dtype == torch.float16:  # as the reference: keep fp16 activations finite
             limit = torch.finfo(x.dtype).max - 1000
             x = x.clamp(min=-limit, max=limit)
         return x
+
+
+def _chunk_lengths(frames: int) -> list[int]:
+    """A clip's frames cut into the encoder's chunks: whole ones, then what is left."""
+    return [CHUNK_FRAMES] * (frames // CHUNK_FRAMES) + ([frames % CHUNK_FRAMES] if frames % CHUNK_FRAMES else [])
 
 
 class AudioEncoder(nn.Module):
@@ -122,20 +132,29 @@ class AudioEncoder(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """features [mel bins, frames] -> tokens [audio_token_count(frames), output_dim]."""
-        frames = features.shape[1]
-        lengths = [CHUNK_FRAMES] * (frames // CHUNK_FRAMES) + ([frames % CHUNK_FRAMES] if frames % CHUNK_FRAMES else [])
-        # Every chunk is convolved on its own, the short last one padded with zeros to the longest: position and
+        return self.encode_many([features])[0]
+
+    def encode_many(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Several clips' log-mel frames in one pass: every clip's chunks convolved together, and the clips'
+        tokens through the layers together, each attending to its own clip only (see AudioAttention)."""
+        lengths = [_chunk_lengths(item.shape[1]) for item in features]
+        # Every chunk is convolved on its own, a short last one padded with zeros to the longest: position and
         # padding restart at each chunk, as the model was trained.
-        chunks = nn.utils.rnn.pad_sequence(list(features.T.split(lengths)), batch_first=True)
+        pieces = [piece for item, item_lengths in zip(features, lengths, strict=True)
+                  for piece in item.T.split(item_lengths)]
+        chunks = nn.utils.rnn.pad_sequence(pieces, batch_first=True)
         convolved = torch.cat([self._convolve(part) for part in chunks.transpose(1, 2)[:, None]
                                .split(self.conv_chunksize)])
         num_chunks, channels, bins, steps = convolved.shape
         tokens = self.conv_out(convolved.permute(0, 3, 1, 2).reshape(num_chunks, steps, channels * bins))
         tokens = tokens + self.positions[:steps].to(tokens.dtype)
-        x = torch.cat([chunk[:conv_output_length(length)] for chunk, length in zip(tokens, lengths, strict=True)])
+        flat_lengths = [length for item_lengths in lengths for length in item_lengths]
+        x = torch.cat([chunk[:conv_output_length(length)] for chunk, length in zip(tokens, flat_lengths,
+                                                                                    strict=True)])
+        clip_sizes = [sum(conv_output_length(length) for length in item_lengths) for item_lengths in lengths]
         for layer in self.layers:
-            x = layer(x)
-        return self.proj2(F.gelu(self.proj1(self.ln_post(x))))
+            x = layer(x, clip_sizes)
+        return list(self.proj2(F.gelu(self.proj1(self.ln_post(x)))).split(clip_sizes))
 
     def _convolve(self, chunks: torch.Tensor) -> torch.Tensor:
         x = F.gelu(self.conv2d1(chunks))
@@ -194,7 +213,7 @@ class Thinker(nn.Module):
         """Left-padded prompts [B, T] (mask 1 on real tokens) and each prompt's log-mel frames [mel, frames], in
         order -> timestamp logits [B, T, classify_num]."""
         embeds = self.model.embed_tokens(input_ids)
-        audio = torch.cat([self.audio_tower(item) for item in features]).to(embeds.dtype)
+        audio = torch.cat(self.audio_tower.encode_many(features)).to(embeds.dtype)
         placeholders = input_ids == self.config.audio_token_id
         if int(placeholders.sum()) != audio.shape[0]:
             raise ValueError(f"the prompts hold {int(placeholders.sum())} audio placeholders for "

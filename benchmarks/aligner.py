@@ -1,0 +1,71 @@
+"""Benchmark: the forced aligner's time for one batch of clips (features, forward pass, timings), by batch size and
+clip length, as the server's aligner thread runs it. Random 0.6B weights at the published shapes: the timings it
+predicts are noise, its cost is the real model's.
+
+    python -m benchmarks.aligner --out bench-results/aligner.json [--batch-sizes 1,4,16] [--seconds 2,5,10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tts_service.model.aligner import AlignmentItem, ForcedAligner
+
+RATE = 24000
+SENTENCE = "the quick brown fox jumps over a lazy dog while seven bright birds sing in the tall green trees"
+WORDS = SENTENCE.split(" ")
+
+
+def items(batch: int, seconds: float, rng: np.random.Generator) -> list[AlignmentItem]:
+    num_words = max(1, round(seconds * 2.5))  # about the words of speech that long
+    text = " ".join(WORDS[index % len(WORDS)] for index in range(num_words)) + "."
+    return [AlignmentItem(rng.standard_normal(round(seconds * RATE)).astype(np.float32) * 0.1, RATE, text)
+            for _ in range(batch)]
+
+
+def time_batch(aligner: ForcedAligner, batch: list[AlignmentItem], repeats: int) -> list[float]:
+    aligner.align_many(batch)  # warm: allocator, kernels
+    seconds = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        aligner.align_many(batch)
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.aligner", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-sizes", default="1,4,16")
+    parser.add_argument("--seconds", default="2,5,10")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    aligner = ForcedAligner.load("random:0.6b", "cuda", torch.bfloat16)
+    rng = np.random.default_rng(0)
+    rows = []
+    for seconds in (float(value) for value in args.seconds.split(",")):
+        for batch in (int(value) for value in args.batch_sizes.split(",")):
+            timings = time_batch(aligner, items(batch, seconds, rng), args.repeats)
+            rows.append({"batch": batch, "clip_seconds": seconds, "median_ms": statistics.median(timings) * 1e3,
+                         "clips_per_s": batch / statistics.median(timings)})
+            sys.stdout.write(f"batch {batch:3d} clip {seconds:5.1f} s: {rows[-1]['median_ms']:8.1f} ms, "
+                             f"{rows[-1]['clips_per_s']:7.1f} clips/s\n")
+    result = {"benchmark": "aligner", "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+              "command": " ".join(["python -m benchmarks.aligner", *(argv or sys.argv[1:])]), "results": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
