@@ -91,6 +91,32 @@ async def abort_with(context: grpc.aio.ServicerContext, error: ApiError) -> None
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
+INTERNAL_ERROR = ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
+
+
+def logged_api_error(error: Exception) -> ApiError:
+    """The status `error` ends its call with, logged as every door logs a call's failure: an unexpected error with
+    its traceback (and answered INTERNAL with no internals), a known INTERNAL one as an error, the rest as news."""
+    api_error = api_error_for(error)
+    if api_error is None:
+        logger.exception("failed")
+        return INTERNAL_ERROR
+    if api_error.code is grpc.StatusCode.INTERNAL:
+        logger.error("failed: %s", error)
+    else:
+        logger.info("answered %s: %s", api_error.code.name, api_error.message)
+    return api_error
+
+
+def ending_status_name(error: BaseException, was_expired: bool, client_gone: tuple[type[BaseException], ...]) -> str:
+    """The status name a call that `error` ended has: CANCELLED when its client went away (`client_gone`), or
+    DEADLINE_EXCEEDED when the server's limit on its life ended it; else the status the error maps to."""
+    if isinstance(error, client_gone):
+        return "DEADLINE_EXCEEDED" if was_expired else "CANCELLED"
+    api_error = api_error_for(error) if isinstance(error, Exception) else None
+    return "INTERNAL" if api_error is None else api_error.code.name
+
+
 @contextlib.asynccontextmanager
 async def answering_errors(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
     """Ends the call with the status a known error maps to; anything else is INTERNAL, and logged.
@@ -106,14 +132,7 @@ async def answering_errors(context: grpc.aio.ServicerContext) -> AsyncIterator[N
         except (grpc.aio.AbortError, grpc.aio.InternalError):
             raise
         except Exception as error:  # every failure of one call ends that call only
-            api_error = api_error_for(error)
-            if api_error is None:
-                logger.exception("failed")
-                api_error = ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
-            elif api_error.code is grpc.StatusCode.INTERNAL:
-                logger.error("failed: %s", error)
-            else:
-                logger.info("answered %s: %s", api_error.code.name, api_error.message)
+            api_error = logged_api_error(error)
             # The caught error's traceback holds the handler's frames, and the request in them (up to megabytes):
             # dropped, and the call ended with a fresh error outside this block, so that no reference cycle keeps
             # them until a full garbage collection.

@@ -36,7 +36,7 @@ from aiohttp import web
 from observability.calls import CallRecord
 from qwen3_tts.v1.protocol import tts_pb2
 from tts_service.api.config import InputLimits, ServerConfig
-from tts_service.api.errors import ApiError, api_error_for, invalid
+from tts_service.api.errors import ApiError, ending_status_name, invalid, logged_api_error
 from tts_service.api.http_body import BodyRefused, read_json
 from tts_service.api.interceptors import ServingState
 from tts_service.api.messages import check_length
@@ -81,7 +81,6 @@ _CLOSING_STATUSES = (408, 413)
 # A refused body counted under the gRPC status a gRPC call would have ended with, as every call of this door is.
 _BODY_REFUSAL_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
                        413: grpc.StatusCode.RESOURCE_EXHAUSTED, 415: grpc.StatusCode.INVALID_ARGUMENT}
-_INTERNAL = ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
 
 
 @dataclass(frozen=True)
@@ -266,7 +265,7 @@ class OpenAISpeechApi:
         except ConnectionError:  # the client left mid-write: nobody is left to answer
             logger.info("the client disconnected before its audio was sent")
         except Exception as error:  # every failure of one call ends that call only
-            api_error = self._logged(error)
+            api_error = logged_api_error(error)
             if not response.prepared:
                 return error_response(api_error)
             await self._end_broken(request, response, api_error)
@@ -356,19 +355,5 @@ class OpenAISpeechApi:
             request.transport.close()
 
     def _ending_status(self, record: CallRecord, error: BaseException) -> str:
-        if isinstance(error, asyncio.CancelledError | GeneratorExit | ConnectionError):
-            return "DEADLINE_EXCEEDED" if self._steps.was_expired(record) else "CANCELLED"
-        api_error = api_error_for(error) if isinstance(error, Exception) else None
-        return "INTERNAL" if api_error is None else api_error.code.name
-
-    @staticmethod
-    def _logged(error: Exception) -> ApiError:
-        api_error = api_error_for(error)
-        if api_error is None:
-            logger.exception("failed")
-            return _INTERNAL
-        if api_error.code is grpc.StatusCode.INTERNAL:
-            logger.error("failed: %s", error)
-        else:
-            logger.info("answered %s: %s", api_error.code.name, api_error.message)
-        return api_error
+        client_gone = (asyncio.CancelledError, GeneratorExit, ConnectionError)
+        return ending_status_name(error, self._steps.was_expired(record), client_gone)

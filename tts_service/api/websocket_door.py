@@ -44,7 +44,7 @@ from tts_service.api.call_limits import next_message
 from tts_service.api.callers import CREDENTIAL_HEADERS, ELEVENLABS_CREDENTIAL_HEADERS, Identity
 from tts_service.api.config import ServerConfig
 from tts_service.api.elevenlabs_dialect import ElevenLabsCall, client_message, stream_options
-from tts_service.api.errors import ApiError, api_error_for, invalid
+from tts_service.api.errors import ApiError, api_error_for, ending_status_name, invalid, logged_api_error
 from tts_service.api.http_body import BodyRefused, parse_json
 from tts_service.api.interceptors import MAX_BYTES_PARSED_ON_LOOP, ServingState
 from tts_service.api.messages import completion, output_format
@@ -80,7 +80,6 @@ _CLOSE_CODES = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: WSCloseCode.TRY_AGAIN_LATER,
     grpc.StatusCode.UNAVAILABLE: WSCloseCode.TRY_AGAIN_LATER,
 }
-_INTERNAL = ApiError(grpc.StatusCode.INTERNAL, "the request failed inside the server")
 
 
 class ClientClosed(Exception):
@@ -249,7 +248,7 @@ class WebSocketDoor:
             logger.info("the client closed its WebSocket before the call's end")
             return socket.ws
         except Exception as error:  # every failure of one call ends that call only
-            api_error = self._logged(error)
+            api_error = logged_api_error(error)
             if not socket.ws.prepared:
                 return dialect.http_error(api_error)
             await socket.fail(dialect.error_message(api_error), close_code(error))
@@ -267,22 +266,8 @@ class WebSocketDoor:
         return identity
 
     def _ending_status(self, record: CallRecord, error: BaseException) -> str:
-        if isinstance(error, asyncio.CancelledError | ClientClosed | ConnectionError):
-            return "DEADLINE_EXCEEDED" if self._steps.was_expired(record) else "CANCELLED"
-        api_error = api_error_for(error) if isinstance(error, Exception) else None
-        return "INTERNAL" if api_error is None else api_error.code.name
-
-    @staticmethod
-    def _logged(error: Exception) -> ApiError:
-        api_error = api_error_for(error)
-        if api_error is None:
-            logger.exception("failed")
-            return _INTERNAL
-        if api_error.code is grpc.StatusCode.INTERNAL:
-            logger.error("failed: %s", error)
-        else:
-            logger.info("answered %s: %s", api_error.code.name, api_error.message)
-        return api_error
+        client_gone = (asyncio.CancelledError, ClientClosed, ConnectionError)
+        return ending_status_name(error, self._steps.was_expired(record), client_gone)
 
     def _time_left(self, started: float) -> Callable[[], float]:
         """The rest of the socket's life (--max-stream-seconds from its start), which bounds every utterance."""

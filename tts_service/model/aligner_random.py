@@ -12,11 +12,9 @@ expects them.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ from tts_service.model.aligner_model import (
     feature_extractor_from,
     finish_loading,
 )
-from tts_service.model.random_checkpoint import randomize_
+from tts_service.model.random_checkpoint import randomize_, write_json, writer_command
 from tts_service.model.text_tokenizer import CONFIG_FILE, load_text_tokenizer, write_text_tokenizer
 
 PRESETS = ("tiny", "0.6b")
@@ -162,7 +160,7 @@ def write_aligner_tokenizer(directory: Path, preset: str, vocab_size: int) -> No
     config["additional_special_tokens"] = [content for content, special in _SPECIAL_BLOCK
                                            if special and content != "<|endoftext|>"]
     config.update(_PROCESSOR_TOKENS, extra_special_tokens=dict(_PROCESSOR_TOKENS), processor_class="Qwen3ASRProcessor")
-    _write_json(path, config)
+    write_json(path, config)
 
 
 def weight_std(config: AlignerConfig) -> float:
@@ -185,9 +183,9 @@ def write_random_aligner(directory: Path, preset: str = "tiny", seed: int = 0) -
     config = AlignerConfig.parse(raw_config)
     model = random_model(config, torch.device("cpu"), seed)
     directory.mkdir(parents=True, exist_ok=True)
-    _write_json(directory / ALIGNER_CONFIG_FILE, raw_config)
-    _write_json(directory / "generation_config.json", generation_config_dict(preset))
-    _write_json(directory / PREPROCESSOR_CONFIG_FILE, _PREPROCESSOR)
+    write_json(directory / ALIGNER_CONFIG_FILE, raw_config)
+    write_json(directory / "generation_config.json", generation_config_dict(preset))
+    write_json(directory / PREPROCESSOR_CONFIG_FILE, _PREPROCESSOR)
     write_aligner_tokenizer(directory, preset, config.text.vocab_size)
     weights = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
     save_file(weights, directory / WEIGHTS_FILE, metadata={"format": "pt"})
@@ -201,29 +199,15 @@ def build_random_aligner(preset: str, device: torch.device, dtype: torch.dtype, 
     model = random_model(config, device, seed)
     with tempfile.TemporaryDirectory() as scratch:
         # config.json beside the tokenizer: its transformers_version decides the pre-tokenizer, as on disk.
-        _write_json(Path(scratch) / ALIGNER_CONFIG_FILE, raw_config)
+        write_json(Path(scratch) / ALIGNER_CONFIG_FILE, raw_config)
         write_aligner_tokenizer(Path(scratch), preset, config.text.vocab_size)
         tokenizer = load_text_tokenizer(Path(scratch))
     feature_extractor = feature_extractor_from(_PREPROCESSOR, config)
     return finish_loading(f"random:{preset}", config, model, tokenizer, feature_extractor, dtype, is_random=True)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write a random-weight Qwen3-ForcedAligner checkpoint directory.")
-    parser.add_argument("preset", help=f"one of {', '.join(PRESETS)}")
-    parser.add_argument("output", type=Path, help="directory to write")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        write_random_aligner(args.output, args.preset, args.seed)
-    except ValueError as error:
-        parser.error(str(error))
-    sys.stdout.write(f"wrote random-weight aligner {args.preset} to {args.output}\n")
-    return 0
+    return writer_command(argv, "Qwen3-ForcedAligner", f"one of {', '.join(PRESETS)}", write_random_aligner)
 
 
 if __name__ == "__main__":

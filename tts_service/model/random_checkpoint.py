@@ -15,6 +15,7 @@ import copy
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -217,10 +218,10 @@ def write_random_checkpoint(directory: Path, preset: str, seed: int = 0) -> Path
     modules = random_modules(config, speech_config, torch.device("cpu"), seed, with_codec_encoder=True)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "speech_tokenizer").mkdir(exist_ok=True)
-    _write_json(directory / "config.json", raw_config)
-    _write_json(directory / "generation_config.json", _GENERATION)
-    _write_json(directory / "speech_tokenizer/config.json", raw_speech)
-    _write_json(directory / "speech_tokenizer/preprocessor_config.json", _PREPROCESSOR)
+    write_json(directory / "config.json", raw_config)
+    write_json(directory / "generation_config.json", _GENERATION)
+    write_json(directory / "speech_tokenizer/config.json", raw_speech)
+    write_json(directory / "speech_tokenizer/preprocessor_config.json", _PREPROCESSOR)
     write_text_tokenizer(directory, text_special_ids(size), config.talker.text_vocab_size)
 
     weights = {f"talker.{k}": v for k, v in modules.talker.state_dict().items()}
@@ -254,23 +255,29 @@ def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().contiguous() for name, tensor in tensors.items()}
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write a random-weight Qwen3-TTS checkpoint directory.")
-    parser.add_argument("preset", help="<size>-<type>, size in tiny/0.6b/1.7b, type in "
-                                       "custom_voice/voice_design/base")
+def writer_command(argv: list[str] | None, what: str, preset_help: str,
+                   write: Callable[[Path, str, int], object]) -> int:
+    """The command line of a random-checkpoint writer: a preset, a directory, a seed."""
+    parser = argparse.ArgumentParser(description=f"Write a random-weight {what} checkpoint directory.")
+    parser.add_argument("preset", help=preset_help)
     parser.add_argument("output", type=Path, help="directory to write")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        write_random_checkpoint(args.output, args.preset, args.seed)
+        write(args.output, args.preset, args.seed)
     except ValueError as error:
         parser.error(str(error))
-    sys.stdout.write(f"wrote random-weight checkpoint {args.preset} to {args.output}\n")
+    sys.stdout.write(f"wrote random-weight {what} {args.preset} to {args.output}\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return writer_command(argv, "Qwen3-TTS", "<size>-<type>, size in tiny/0.6b/1.7b, type in "
+                                             "custom_voice/voice_design/base", write_random_checkpoint)
 
 
 if __name__ == "__main__":
