@@ -69,11 +69,11 @@ class AudioEncoderConfig:
     encoder_layers: int
     encoder_attention_heads: int
     encoder_ffn_dim: int
-    output_dim: int
-    downsample_hidden_size: int
-    max_source_positions: int
-    n_window: int
-    conv_chunksize: int
+    output_dim: int  # the width of an audio token as the text model reads it
+    downsample_hidden_size: int  # channels of the three stride-2 convolutions over each chunk
+    max_source_positions: int  # sinusoid positions: at least the tokens of one chunk
+    n_window: int  # half a chunk in mel frames; only 50 (100-frame chunks) is what the reference counts by
+    conv_chunksize: int  # chunks convolved in one call, which bounds the convolution's memory
 
     @classmethod
     def parse(cls, raw: ConfigSection) -> AudioEncoderConfig:
