@@ -114,7 +114,8 @@ def test_the_request_entries_win_over_a_registered_lexicon(alice: TtsClient) -> 
 
 @pytest.mark.parametrize(("fields", "expected"), [
     ({"lexicon": lexicon([("", "x")])}, "lexicon.entries[0].grapheme: is empty"),
-    ({"lexicon": lexicon([("SQL", "a"), ("SQL", "b")])}, "lexicon.entries[1].grapheme: 'SQL' matches the same text"),
+    ({"lexicon": lexicon([("SQL", "a"), ("SQL", "b")])},
+     "lexicon.entries[1].grapheme: matches the same text as lexicon.entries[0].grapheme"),
     ({"lexicon_ids": ["lex_nothing"]}, "lexicon_ids[0]"),
 ], ids=["empty grapheme", "twice", "unknown id"])
 def test_bad_lexicons_are_refused_naming_the_field(alice: TtsClient, fields: dict[str, Any], expected: str) -> None:
@@ -138,3 +139,10 @@ def test_a_registered_lexicon_survives_a_restart_with_the_voice_store(tiny_model
             assert client.stub.GetLexicon(tts_pb2.GetLexiconRequest(lexicon_id=created.lexicon_id)) == created
     finally:
         second.stop()
+
+
+def test_a_lexicon_id_of_the_wrong_form_is_not_echoed(alice: TtsClient) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        audio(alice, request(TEXT, lexicon_ids=["lex_" + "\u202e" * 2000]))
+    assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+    assert caught.value.details() == "lexicon_ids[0]: no lexicon of that id (it is not of the form lex_...)"

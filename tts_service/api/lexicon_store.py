@@ -66,7 +66,9 @@ class LexiconNotFoundError(ApiError):
     """No lexicon has this id for this owner; a NOT_FOUND status naming `field`."""
 
     def __init__(self, lexicon_id: str, field: str = "lexicon_id") -> None:
-        super().__init__(grpc.StatusCode.NOT_FOUND, f"{field}: no lexicon {lexicon_id!r}", field=field)
+        # Only an id of the right form is echoed: anything else could be any length and anything at all.
+        shown = repr(lexicon_id) if is_lexicon_id(lexicon_id) else "of that id (it is not of the form lex_...)"
+        super().__init__(grpc.StatusCode.NOT_FOUND, f"{field}: no lexicon {shown}", field=field)
         self.lexicon_id = lexicon_id
 
 

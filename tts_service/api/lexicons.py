@@ -145,8 +145,8 @@ class Lexicon:
             _check_entry(field, entry)
             earlier = first_index.setdefault(entry.match_key, index)
             if earlier != index:
-                raise invalid(f"{field}.grapheme", f"{entry.grapheme!r} matches the same text as "
-                                                   f"{where}.entries[{earlier}].grapheme; give each grapheme once")
+                raise invalid(f"{field}.grapheme", f"matches the same text as {where}.entries[{earlier}].grapheme; "
+                                                   "give each grapheme once")
 
     @classmethod
     def combined(cls, lexicons: Iterable[Lexicon], where: str = "lexicons") -> Lexicon:
