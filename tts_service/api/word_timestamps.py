@@ -29,6 +29,7 @@ import numpy as np
 
 from tts_service.api.errors import ApiError, invalid
 from tts_service.model.aligner import AlignmentItem, ForcedAligner, WordTiming
+from tts_service.model.aligner_text import is_cjk
 
 # Where a sentence ends: terminal punctuation (and closing quotes or brackets) before a space or the end, any
 # CJK terminal mark, or a line break.
@@ -280,13 +281,9 @@ def _last_sentence_end_before_more(text: str) -> int:
 
 def _fastest_speech_s(text: str) -> float:
     """The least time speaking `text` can take: each CJK character and each other letter or digit at a fast pace."""
-    cjk = sum(1 for character in text if _is_cjk(character))
+    cjk = sum(1 for character in text if is_cjk(character))
     other = sum(1 for character in text if character.isalnum()) - cjk
     return other / _FAST_LATIN_CHARS_PER_S + cjk / _FAST_CJK_CHARS_PER_S
-
-
-def _is_cjk(character: str) -> bool:
-    return "\u2e80" <= character <= "\u9fff" or "\uac00" <= character <= "\ud7af"
 
 
 def _last_word_break(text: str) -> int:
@@ -298,5 +295,5 @@ def _last_word_break(text: str) -> int:
 
 
 def _is_cut_anywhere(character: str) -> bool:
-    """Punctuation and CJK characters end a word where they stand."""
-    return not character.isalnum() or _is_cjk(character)
+    """Punctuation ends a word where it stands, and so does a CJK character: the aligner's own rule."""
+    return not character.isalnum() or is_cjk(character)
