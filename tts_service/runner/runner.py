@@ -39,6 +39,9 @@ from tts_service.runner.kv_cache import PagedDecodeBackend, PagedKVCache, PagedP
 from tts_service.runner.params import GenerationParams
 from tts_service.runner.timing import PhaseTimer
 
+# CUDA's lower numbers run first: the engine's streams above the default (0), which other work on the device (the
+# forced aligner's stream) keeps.
+ENGINE_STREAM_PRIORITY = -1
 
 @dataclass(frozen=True)
 class PrefillInput:
@@ -259,7 +262,12 @@ class ModelRunner:
         # frames instead of after them: the frame step's small kernels leave SMs idle, which the codec's
         # convolutions partly fill (about 1 ms a step at 128 streams on an H100). Its graphs have their own
         # memory pool, and its inputs come from the host, or from the frame rows behind an event each way.
-        self.codec_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.codec_stream = (torch.cuda.Stream(self.device, priority=ENGINE_STREAM_PRIORITY)
+                             if self.device.type == "cuda" else None)
+        # The frame graphs replay on a stream of their own too, for its priority: another stream's kernels (the
+        # forced aligner's) then wait for an SM while the frames have blocks to run, never the frames for them.
+        self.frame_stream = (torch.cuda.Stream(self.device, priority=ENGINE_STREAM_PRIORITY)
+                             if self.device.type == "cuda" else None)
         # The codec's stream reads a step's frames straight from the frame rows, which the next sampling pass
         # overwrites: that pass waits for this event, recorded once they are read.
         self._frames_read: torch.cuda.Event | None = None
@@ -335,9 +343,9 @@ class ModelRunner:
         buffers.last_hidden[:batch] = hidden[rows, (lengths - 1).clamp(min=0)]
 
     def _capture_graphs(self) -> None:
-        assert self.codec_stream is not None
+        assert self.codec_stream is not None and self.frame_stream is not None
         self.decode_backend.set_metadata(torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int64))
-        frame_stream = torch.cuda.Stream(self.device)
+        frame_stream = self.frame_stream
         streams = (frame_stream, self.codec_stream)
         for stream in streams:
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -429,9 +437,19 @@ class ModelRunner:
     def _replay_or_run(self, graphs: dict[int, torch.cuda.CUDAGraph], step: Callable[[int], None],
                        batch: int) -> None:
         if self.uses_graphs:
-            graphs[self.bucket_for(batch)].replay()
+            self._replay_frames(graphs[self.bucket_for(batch)])
         else:
             step(batch)
+
+    def _replay_frames(self, graph: torch.cuda.CUDAGraph) -> None:
+        """On the frame stream, ordered after what the caller's stream has queued and before what it queues next:
+        a graph reads and writes only its static buffers, which nothing frees meanwhile."""
+        assert self.frame_stream is not None
+        caller = torch.cuda.current_stream(self.device)
+        self.frame_stream.wait_stream(caller)
+        with torch.cuda.stream(self.frame_stream):
+            graph.replay()
+        caller.wait_stream(self.frame_stream)
 
     # -- prefill ------------------------------------------------------------------------------
 
@@ -471,7 +489,7 @@ class ModelRunner:
         tables = buffers.block_tables[:batch_bucket, :width]
         tables.fill_(self.kv_cache.scratch_block)
         tables[:len(embeds), :block_tables.shape[1]].copy_(block_tables, non_blocking=True)
-        buffers.graphs[bucket].replay()
+        self._replay_frames(buffers.graphs[bucket])
         return buffers.last_hidden[:len(embeds)]
 
     def _prefill_hidden(self, embeds: list[torch.Tensor], lengths: torch.Tensor,
