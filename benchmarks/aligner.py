@@ -1,6 +1,7 @@
 """Benchmark: the forced aligner's time for one batch of clips (features, forward pass, timings), by batch size and
-clip length, as the server's aligner thread runs it. Random 0.6B weights at the published shapes: the timings it
-predicts are noise, its cost is the real model's.
+clip length, eager (`ForcedAligner.align_many`, the reference's layout) and as the engine runs it (`AlignerRunner`:
+packed, replayed from captured graphs). Random 0.6B weights at the published shapes: the timings it predicts are
+noise, its cost is the real model's.
 
     python -m benchmarks.aligner --out bench-results/aligner.json [--batch-sizes 1,4,16] [--seconds 2,5,10]
 """
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from tts_service.model.aligner import AlignmentItem, ForcedAligner
+from tts_service.runner.aligner_runner import AlignerRunner
 
 RATE = 24000
 SENTENCE = "the quick brown fox jumps over a lazy dog while seven bright birds sing in the tall green trees"
@@ -31,7 +33,7 @@ def items(batch: int, seconds: float, rng: np.random.Generator) -> list[Alignmen
             for _ in range(batch)]
 
 
-def time_batch(aligner: ForcedAligner, batch: list[AlignmentItem], repeats: int) -> list[float]:
+def time_batch(aligner: ForcedAligner | AlignerRunner, batch: list[AlignmentItem], repeats: int) -> list[float]:
     aligner.align_many(batch)  # warm: allocator, kernels
     seconds = []
     for _ in range(repeats):
@@ -51,15 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     aligner = ForcedAligner.load("random:0.6b", "cuda", torch.bfloat16)
+    paths = {"eager": aligner, "graphs": AlignerRunner(aligner)}
     rng = np.random.default_rng(0)
     rows = []
     for seconds in (float(value) for value in args.seconds.split(",")):
         for batch in (int(value) for value in args.batch_sizes.split(",")):
-            timings = time_batch(aligner, items(batch, seconds, rng), args.repeats)
-            rows.append({"batch": batch, "clip_seconds": seconds, "median_ms": statistics.median(timings) * 1e3,
-                         "clips_per_s": batch / statistics.median(timings)})
-            sys.stdout.write(f"batch {batch:3d} clip {seconds:5.1f} s: {rows[-1]['median_ms']:8.1f} ms, "
-                             f"{rows[-1]['clips_per_s']:7.1f} clips/s\n")
+            clips = items(batch, seconds, rng)
+            for path, runner in paths.items():
+                timings = time_batch(runner, clips, args.repeats)
+                rows.append({"path": path, "batch": batch, "clip_seconds": seconds,
+                             "median_ms": statistics.median(timings) * 1e3,
+                             "clips_per_s": batch / statistics.median(timings)})
+                sys.stdout.write(f"{path:6s} batch {batch:3d} clip {seconds:5.1f} s: {rows[-1]['median_ms']:8.1f} "
+                                 f"ms, {rows[-1]['clips_per_s']:7.1f} clips/s\n")
     result = {"benchmark": "aligner", "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(["python -m benchmarks.aligner", *(argv or sys.argv[1:])]), "results": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 from tts_service.engine import (
+    AlignmentItem,
     CheckpointError,
     CoreSpec,
     Engine,
@@ -36,6 +38,7 @@ from tts_service.engine import (
     SynthesisInput,
     SynthesisRequest,
     SynthesisSummary,
+    WordTiming,
     engine_process,
 )
 from tts_service.engine import engine as engine_module
@@ -134,6 +137,29 @@ def test_open_text_refusals_and_voice_clones_cross_the_process_as_they_work_in_p
     assert remote_field == local_field == "language"
     np.testing.assert_array_equal(remote_embedding, local_embedding)
     np.testing.assert_array_equal(remote_codes, local_codes)
+
+
+def test_word_alignment_crosses_to_the_core_and_times_words_as_the_aligner_does_in_process(
+        tiny_checkpoints: dict[str, Path], tiny_models: dict[str, LoadedModel]) -> None:
+    """The aligner loads beside the core's engine (one CUDA context on a GPU); its timings cross as they are."""
+    config = replace(CONFIG, aligner_model="random:tiny")
+    clip = AlignmentItem(np.sin(np.linspace(0, 900, 24000 * 2)).astype(np.float32) * 0.3, 24000, "Three words here.")
+
+    async def align(engine: Engine | EngineProcess) -> tuple[str | None, list[WordTiming]]:
+        return engine.model_info.aligner, await engine.align_words(clip)
+
+    remote = with_core(tiny_checkpoints["custom_voice"], align, config)
+
+    async def local() -> tuple[str | None, list[WordTiming]]:
+        engine = Engine.create(tiny_models["custom_voice"], config)
+        try:
+            return await align(engine)
+        finally:
+            await engine.stop()
+
+    assert remote == asyncio.run(local())
+    assert remote[0] == "random:tiny" and [(word.start_char, word.end_char) for word in remote[1]] == [
+        (0, 5), (6, 11), (12, 16)]
 
 
 def test_an_open_request_the_core_refuses_ends_its_stream_with_the_error_the_engine_raises_in_process(

@@ -13,15 +13,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-import torch
-
 from clients.qwen3_tts_client import Connection, Generation, TtsClient, Voice
 from observability.metrics import ServiceMetrics
 from tts_service.api.config import FLAGS, ServerConfig
 from tts_service.api.server import TtsServer
-from tts_service.api.word_timestamps import AlignerThread
 from tts_service.engine.engine import Engine
-from tts_service.model.aligner import ForcedAligner
 from tts_service.model.checkpoint import LoadedModel
 
 T = TypeVar("T")
@@ -76,14 +72,9 @@ class RunningServer:
         async def attach() -> None:
             engine = Engine.create(self.model, self.server.config.engine)
             engine.start()
-            await self.server.serve(engine, metrics, aligner=self._aligner())
+            await self.server.serve(engine, metrics)
 
         self.run(attach())
-
-    def _aligner(self) -> AlignerThread | None:
-        """The forced aligner the config names, on the CPU, as the server's main would load it."""
-        source = self.server.config.aligner_model
-        return None if source is None else AlignerThread(ForcedAligner.load(source, "cpu", torch.float32))
 
     def stop(self) -> None:
         self.run(self.server.shutdown())

@@ -19,7 +19,7 @@ import pytest
 from clients.qwen3_tts_client import AudioFormat, CloseUtterance, Say, TtsClient, tts_pb2
 from clients.qwen3_tts_client.client import fragment_request
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server
-from tts_service.api.word_timestamps import AlignerThread, TimedWord, WordTracker
+from tts_service.api.word_timestamps import TimedWord, WordTracker
 from tts_service.model.aligner import AlignmentItem, WordTiming
 from tts_service.model.aligner_text import split_words
 from tts_service.model.checkpoint import LoadedModel
@@ -112,32 +112,6 @@ def test_every_word_comes_once_in_order_with_its_offsets_for_cjk_and_mixed_text(
     words = run(scenario())
     assert [word.word for word in words] == [word.text for word in split_words(text)]
     assert all(text[word.start_char:word.end_char] == word.word for word in words)
-
-
-class CountingAligner:
-    def __init__(self) -> None:
-        self.batches: list[int] = []
-
-    def align_many(self, items: Sequence[AlignmentItem]) -> list[list[WordTiming]]:
-        self.batches.append(len(items))
-        return [[WordTiming(0, 1, 0.0, 0.08)] for _ in items]
-
-
-def test_the_aligner_thread_aligns_what_waits_together_in_one_batch() -> None:
-    counting = CountingAligner()
-    thread = AlignerThread(counting, max_batch=8)  # type: ignore[arg-type]
-
-    async def scenario() -> list[list[WordTiming]]:
-        item = AlignmentItem(np.zeros(1600, dtype=np.float32), 16000, "a")
-        return await asyncio.gather(*(thread.align(item) for _ in range(10)))
-
-    try:
-        results = run(scenario())
-    finally:
-        thread.close()
-    assert len(results) == 10 and all(result == [WordTiming(0, 1, 0.0, 0.08)] for result in results)
-    assert counting.batches[0] == 1 and sum(counting.batches) == 10 and max(counting.batches) <= 8
-    assert len(counting.batches) <= 3
 
 
 # -- the service, with the random tiny aligner --------------------------------------------------------------------

@@ -78,10 +78,6 @@ class ServerConfig:
 
     model: str = setting(DEFAULT_MODEL, "checkpoint directory, Hugging Face repo id, or random:<size>-<type>")
     device: str = setting("auto", "cuda, cuda:N, cpu, or auto (CUDA when available)")
-    aligner_model: str | None = setting(None, "forced aligner for word timestamps, loaded beside the model on the "
-                                              "same device: a directory, a Hugging Face repo id (e.g. "
-                                              "Qwen/Qwen3-ForcedAligner-0.6B) or random:tiny / random:0.6b; unset: "
-                                              "none (a request asking for word timestamps gets FAILED_PRECONDITION)")
     host: str = setting("[::]", "address to listen on; [::] is every interface")
     port: int = setting(50051, "port to listen on; 0 picks a free one", check=_PORT)
     metrics_port: int | None = setting(None, "port for Prometheus metrics over HTTP (/metrics); unset: none",

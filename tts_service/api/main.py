@@ -27,7 +27,6 @@ from tts_service.api.config import ConfigError, ServerConfig, load_config
 if TYPE_CHECKING:
     from observability.metrics import ServiceMetrics
     from observability.tracing import CallTracer
-    from tts_service.api.word_timestamps import AlignerThread
     from tts_service.engine import Engine, EngineProcess, ModelInfo
 
 T = TypeVar("T")
@@ -69,25 +68,6 @@ async def start_engine(config: ServerConfig) -> Engine | EngineProcess:
     spec = CoreSpec(config.model, resolve_device(config.device), config.engine, config.log_level,
                     config.log_format, config.gil_switch_interval_ms / 1000, config.engine_stall_timeout_seconds)
     return await EngineProcess.start(spec)
-
-
-async def start_aligner(config: ServerConfig) -> AlignerThread | None:
-    """The forced aligner `--aligner-model` names, loaded in a daemon thread of this process on the model's
-    device; None without the flag. Raises CheckpointError when it cannot be had, as for the model."""
-    if config.aligner_model is None:
-        return None
-    import torch
-
-    from tts_service.api.word_timestamps import AlignerThread
-    from tts_service.model.aligner import ForcedAligner
-
-    device = resolve_device(config.device)
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    aligner = await in_daemon_thread(lambda: ForcedAligner.load(
-        config.aligner_model, device, dtype, max_download_wait_s=config.engine.model_download_timeout_s))
-    logger.info("forced aligner %s loaded on %s for word timestamps%s", aligner.source, device,
-                " (RANDOM weights: the timings are noise)" if aligner.is_random else "")
-    return AlignerThread(aligner)
 
 
 def in_daemon_thread(function: Callable[[], T]) -> asyncio.Future[T]:
@@ -164,21 +144,13 @@ async def serve(config: ServerConfig) -> int:
         loop.add_signal_handler(signum, stop.set)
     try:
         loading = asyncio.ensure_future(start_engine(config))
-        aligning = asyncio.ensure_future(start_aligner(config))
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait([loading, stopping], return_when=asyncio.FIRST_COMPLETED)
         if not loading.done():
             logger.info("stopping before the model finished loading")
             loading.cancel()
-            aligning.cancel()
             return 0
         engine = loading.result()
-        try:
-            aligner = await aligning
-        except (CheckpointError, ValueError, OSError) as error:
-            logger.error("cannot load the forced aligner %s: %s", config.aligner_model, error)
-            await engine.stop()
-            return 1
         try:
             await engine.warm_up()
         except RequestFailed as error:  # the engine cannot synthesize: serving would fail every call
@@ -188,7 +160,7 @@ async def serve(config: ServerConfig) -> int:
         logger.info("froze %d start-up objects out of the garbage collector's walks", freeze_startup_objects())
         gc_watch = watch_pauses("server")
         tracer = start_tracing(config, engine.model_info)
-        await server.serve(engine, create_metrics(config, engine.model_info), tracer, aligner)
+        await server.serve(engine, create_metrics(config, engine.model_info), tracer)
         exited = asyncio.ensure_future(engine.wait_exited())
         await asyncio.wait([stopping, exited], return_when=asyncio.FIRST_COMPLETED)
         if not stopping.done():  # the engine ended on its own: a supervisor restarts the server

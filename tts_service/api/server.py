@@ -67,7 +67,7 @@ from tts_service.api.voices import (
     registered_voice_message,
 )
 from tts_service.api.websocket_door import WebSocketDoor
-from tts_service.api.word_timestamps import AlignerThread, TimedWord, WordTracker, word_timestamps_language
+from tts_service.api.word_timestamps import TimedWord, WordTracker, word_timestamps_language
 from tts_service.audio.output import OutputFormat, encode_whole
 from tts_service.engine import EngineDoor, ModelInfo, RequestStream, SynthesisSummary, VoiceNotFoundError
 
@@ -467,10 +467,9 @@ class TtsServer:
                 await runner.cleanup()
 
     async def serve(self, engine: EngineDoor, metrics: ServiceMetrics | None = None,
-                    tracer: CallTracer | None = None, aligner: AlignerThread | None = None) -> None:
-        """Start answering speech calls with `engine`, which must be running; record into `metrics`, trace with
-        `tracer` and time words with `aligner` when given."""
-        self.steps.aligner = aligner
+                    tracer: CallTracer | None = None) -> None:
+        """Start answering speech calls with `engine`, which must be running; record into `metrics` and trace with
+        `tracer` when given."""
         if metrics is not None:
             watch_engine(metrics, engine)
             self.steps.metrics = metrics

@@ -51,7 +51,7 @@ from tts_service.api.messages import (
     synthesis_input,
 )
 from tts_service.api.voices import check_voice_selection_by_id, not_found
-from tts_service.api.word_timestamps import AlignerThread, OffsetMap, TimedWord, WordTracker
+from tts_service.api.word_timestamps import OffsetMap, TimedWord, WordTracker
 from tts_service.audio.output import OutputFormat
 from tts_service.audio.reference import AudioLimits
 from tts_service.engine import (
@@ -163,7 +163,6 @@ class SpeechSteps:
         self.engine: EngineDoor | None = None
         self.metrics: ServiceMetrics | None = None
         self.tracer: CallTracer | None = None
-        self.aligner: AlignerThread | None = None  # with --aligner-model: word timestamps
         self.lexicons = LexiconStore.open(
             None if config.engine.voice_store_dir is None else config.engine.voice_store_dir / "lexicons",
             LexiconLimits(config.max_lexicons, config.max_lexicons_per_caller))
@@ -176,8 +175,6 @@ class SpeechSteps:
 
     def close(self) -> None:
         self._decode_executor.shutdown(wait=False, cancel_futures=True)
-        if self.aligner is not None:
-            self.aligner.close()
 
     @contextlib.asynccontextmanager
     async def speech_call(self, rpc: str, caller: str, metadata: Iterable[tuple[str, str | bytes]],
@@ -246,6 +243,11 @@ class SpeechSteps:
         """A call refused before it ran (no valid key, the server not serving), on either front door."""
         if self.metrics is not None:
             self.metrics.observe_refusal(rpc, code.name)
+
+    @property
+    def aligner(self) -> str | None:
+        """The forced aligner beside the engine (what --aligner-model named); None: no word timestamps."""
+        return self.engine_or_unavailable().model_info.aligner
 
     def engine_or_unavailable(self) -> EngineDoor:
         if self.engine is None:
@@ -335,9 +337,9 @@ class SpeechSteps:
                      mapping: OffsetMap | None = None, original: str = "") -> WordTracker:
         """A request's word timings, from the server's aligner (see `check_word_timestamps`); with a lexicon,
         `text` is what is said and `mapping` leads back to `original`, the text as sent."""
-        assert self.aligner is not None
+        engine = self.engine_or_unavailable()
         language = language.lower()
-        return WordTracker(self.aligner.align, self.engine_or_unavailable().model_info.sample_rate,
+        return WordTracker(engine.align_words, engine.model_info.sample_rate,
                            None if language in ("", "auto") else language, text, is_text_closed, mapping, original)
 
     async def encoded_audio(self, stream: RequestStream, output: OutputFormat, record: CallRecord,

@@ -1,17 +1,18 @@
 """Word timestamps beside the audio: when each word of a request's text is spoken, sentence by sentence, as soon as
 its audio exists.
 
-The forced aligner (`tts_service.model.aligner`, loaded with `--aligner-model`) runs in this process on a thread
-of its own, and aligns the open windows of every request that asked, together in one batch (`AlignerThread`).
-Each request's `WordTracker` keeps its text as the client sent it and its audio as it is generated, and aligns the
-window that starts where its last committed word ended: the audio since then against the text not yet committed.
-Words are committed a sentence at a time, once the aligner places the sentence's last word at least
-`_MARGIN_S` before the end of the audio so far (the model has moved on to the next sentence); when the request
-ends, the rest is committed. A window is aligned only when it can hold such a sentence: one that more text
-follows, whose audio at a fast pace would fit in the window; after an alignment that commits nothing the window
-must double first. So timings trail their audio by about a sentence, playback never waits for them, every word of
-the text gets one, and the aligner runs about once a sentence. The aligner reads whole sentences, so the words it
-places are the ones it would place in one pass over the whole text, give or take the window's edges.
+The forced aligner (`tts_service.model.aligner`, loaded with `--aligner-model`) runs beside the engine, which
+aligns the open windows of every request that asked together, a batch at a time (`EngineDoor.align_words`, see
+`tts_service.engine.aligner_worker`). Each request's `WordTracker` keeps its text as the client sent it and its
+audio as it is generated, and aligns the window that starts where its last committed word ended: the audio since
+then against the text not yet committed. Words are committed a sentence at a time, once the aligner places the
+sentence's last word at least `_MARGIN_S` before the end of the audio so far (the model has moved on to the next
+sentence); when the request ends, the rest is committed. A window is aligned only when it can hold such a
+sentence: one that more text follows, whose audio at a fast pace would fit in the window; after an alignment that
+commits nothing the window must double first. So timings trail their audio by about a sentence, playback never
+waits for them, every word of the text gets one, and the aligner runs about once a sentence. The aligner reads
+whole sentences, so the words it places are the ones it would place in one pass over the whole text, give or take
+the window's edges.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import asyncio
 import dataclasses
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 
 from tts_service.api.errors import ApiError, invalid
-from tts_service.model.aligner import AlignmentItem, ForcedAligner, WordTiming
+from tts_service.engine import AlignmentItem, WordTiming
 from tts_service.model.aligner_text import is_cjk
 
 # Where a sentence ends: terminal punctuation (and closing quotes or brackets) before a space or the end, any
@@ -42,8 +42,6 @@ _MARGIN_S = 0.3
 _FAST_LATIN_CHARS_PER_S = 25.0
 _FAST_CJK_CHARS_PER_S = 10.0
 _RETRY_GROWTH = 2.0
-# Windows aligned in one forward pass at most.
-MAX_ALIGNER_BATCH = 16
 # Languages whose words the aligner cuts with tools of its own, which are not here (see aligner_text).
 _UNSUPPORTED_LANGUAGES = frozenset({"japanese", "korean"})
 
@@ -60,8 +58,9 @@ class TimedWord:
     end_s: float
 
 
-def check_word_timestamps(aligner: AlignerThread | None, language: str, field: str) -> None:
-    """A request may ask for word timestamps only from a server with an aligner, in a language it can cut."""
+def check_word_timestamps(aligner: str | None, language: str, field: str) -> None:
+    """A request may ask for word timestamps only from a server with an aligner (`aligner`: the one loaded), in a
+    language it can cut."""
     if aligner is None:
         raise ApiError(grpc.StatusCode.FAILED_PRECONDITION,
                        f"{field}: this server has no forced aligner; start it with --aligner-model (e.g. "
@@ -70,59 +69,13 @@ def check_word_timestamps(aligner: AlignerThread | None, language: str, field: s
         raise invalid(field, f"word timestamps are not available for {language.lower()} text")
 
 
-def word_timestamps_language(aligner: AlignerThread | None, request: Any, field: str) -> str | None:
+def word_timestamps_language(aligner: str | None, request: Any, field: str) -> str | None:
     """The language to cut a request's words in, when it asks for word timestamps (a SynthesizeRequest or a
     StreamingSynthesizeConfig); None when it does not."""
     if not request.word_timestamps:
         return None
     check_word_timestamps(aligner, request.voice.language, field)
     return request.voice.language
-
-
-class AlignerThread:
-    """The aligner on a thread of its own: requests' windows queue here and are aligned together, a batch at a
-    time, so that many requests cost one forward pass."""
-
-    def __init__(self, aligner: ForcedAligner, max_batch: int = MAX_ALIGNER_BATCH) -> None:
-        self.aligner = aligner
-        self._max_batch = max_batch
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-aligner")
-        self._pending: list[tuple[AlignmentItem, asyncio.Future[list[WordTiming]]]] = []
-        self._is_running = False
-
-    async def align(self, item: AlignmentItem) -> list[WordTiming]:
-        future: asyncio.Future[list[WordTiming]] = asyncio.get_running_loop().create_future()
-        self._pending.append((item, future))
-        self._start_batch()
-        return await future
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def _start_batch(self) -> None:
-        self._pending = [(item, future) for item, future in self._pending if not future.cancelled()]
-        if self._is_running or not self._pending:
-            return
-        batch, self._pending = self._pending[:self._max_batch], self._pending[self._max_batch:]
-        self._is_running = True
-        loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self._executor, self.aligner.align_many, [item for item, _ in batch])
-        work.add_done_callback(lambda done: self._settle(batch, done))
-
-    def _settle(self, batch: Sequence[tuple[AlignmentItem, asyncio.Future[list[WordTiming]]]],
-                done: asyncio.Future[list[list[WordTiming]]]) -> None:
-        self._is_running = False
-        error = None if done.cancelled() else done.exception()
-        for index, (_, future) in enumerate(batch):
-            if future.done():
-                continue
-            if done.cancelled():
-                future.cancel()
-            elif error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(done.result()[index])
-        self._start_batch()
 
 
 Align = Callable[[AlignmentItem], Awaitable[list[WordTiming]]]

@@ -4,8 +4,8 @@
 (KV memory, graphs) and a scheduler sized from it; `start()` runs its loop. The front doors use what
 this package exports and nothing below it: submit a `SynthesisRequest` and read its `RequestStream`,
 feed open text with `append_text` / `close_text`, `abort`, `clone_voice`, keep registered voices with
-`create_voice` / `registered_voice` / `registered_voices` / `delete_voice`, and read `model_info`, `stats` and
-`occupancy()`.
+`create_voice` / `registered_voice` / `registered_voices` / `delete_voice`, time words with
+`align_words` (with `--aligner-model`), and read `model_info`, `stats` and `occupancy()`.
 
 The names are resolved on first use, so that `tts_service.engine.config` (which the server's flags
 need) can be imported without torch.
@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
+    "AlignmentItem": "tts_service.model.aligner",
     "AudioChunk": "tts_service.engine.streams",
     "CheckpointError": "tts_service.model.checkpoint",
     "CoreSpec": "tts_service.engine.core_process",
@@ -47,10 +48,12 @@ _EXPORTS = {
     "VoiceNotFoundError": "tts_service.engine.voice_store",
     "VoiceStoreFullError": "tts_service.engine.voice_store",
     "VoiceStoreUnusableError": "tts_service.engine.voice_store",
+    "WordTiming": "tts_service.model.aligner",
     "is_voice_id": "tts_service.engine.voice_store",
 }
 
 __all__ = [
+    "AlignmentItem",
     "AudioChunk",
     "CheckpointError",
     "CoreSpec",
@@ -81,6 +84,7 @@ __all__ = [
     "VoiceNotFoundError",
     "VoiceStoreFullError",
     "VoiceStoreUnusableError",
+    "WordTiming",
     "is_voice_id",
 ]
 
@@ -107,6 +111,7 @@ if TYPE_CHECKING:
         VoiceStoreUnusableError,
         is_voice_id,
     )
+    from tts_service.model.aligner import AlignmentItem, WordTiming
     from tts_service.model.checkpoint import CheckpointError
     from tts_service.model.prompts import PromptError, SynthesisInput, VoiceClone
     from tts_service.runner.params import GenerationParams, SamplingParams

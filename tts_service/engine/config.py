@@ -31,6 +31,10 @@ _DIRECTORY = Check("a directory", lambda path: not path.exists() or path.is_dir(
 class EngineConfig:
     # -- loading --
     # A server that cannot have its model exits rather than serve another.
+    aligner_model: str | None = setting(None, "forced aligner for word timestamps, loaded beside the model on the "
+                                              "same device: a directory, a Hugging Face repo id (e.g. "
+                                              "Qwen/Qwen3-ForcedAligner-0.6B) or random:tiny / random:0.6b; unset: "
+                                              "none (a request asking for word timestamps gets FAILED_PRECONDITION)")
     model_download_timeout_s: float = setting(
         300.0, "how long a Hugging Face Hub download that fails for a reason that may pass (the Hub unreachable, "
                "overloaded or rate limiting) is retried with backoff before the server exits with status 1; the "

@@ -21,6 +21,7 @@ from tts_service.engine.engine import EngineOccupancy
 from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.streams import RequestStream, SynthesisRequest
 from tts_service.engine.voice_files import RegisteredVoice
+from tts_service.model.aligner import AlignmentItem, WordTiming
 from tts_service.model.prompts import VoiceClone
 
 
@@ -35,6 +36,7 @@ class EngineCalls(Protocol):
     async def registered_voice(self, voice_id: str, owner: str) -> RegisteredVoice: ...
     async def registered_voices(self, owner: str) -> list[RegisteredVoice]: ...
     async def delete_voice(self, voice_id: str, owner: str) -> None: ...
+    async def align_words(self, item: AlignmentItem) -> list[WordTiming]: ...
 
 
 class EngineNotices(Protocol):

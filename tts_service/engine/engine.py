@@ -33,6 +33,7 @@ from observability.metrics import StepObservation
 from scheduler.outputs import CodecChunk, FreedItem, RequestEvent, SchedulerOutput, StepResult
 from scheduler.request import FinishReason, Request
 from scheduler.scheduler import Scheduler
+from tts_service.engine.aligner_worker import AlignerWorker, load_aligner
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.step_observers import StepObservers
@@ -52,6 +53,7 @@ from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenizatio
 from tts_service.engine.voice_files import RegisteredVoice, VoiceShape
 from tts_service.engine.voice_store import VoiceLimits, VoiceNotFoundError, VoiceStore
 from tts_service.engine.warm_up import warm_up
+from tts_service.model.aligner import AlignmentItem, WordTiming
 from tts_service.model.checkpoint import LoadedModel, LoadOptions
 from tts_service.model.loading import load_model
 from tts_service.model.prompts import Prompt, PromptBuilder, PromptError, SynthesisInput, VoiceClone
@@ -178,14 +180,14 @@ class Engine(StepObservers):
                  tokenization: TextTokenization, clock: Clock = time.monotonic,
                  max_unread_frames: int | None = None, voices: VoiceStore | None = None,
                  new_stream: Callable[[str], RequestStream] | None = None,
-                 min_decodes_to_schedule_ahead: int | None = None) -> None:
+                 min_decodes_to_schedule_ahead: int | None = None, aligner: AlignerWorker | None = None) -> None:
         super().__init__(clock)
         self.runner = runner
         self.min_decodes_to_schedule_ahead = min_decodes_to_schedule_ahead  # as EngineConfig's; None: never
         self.scheduler = scheduler
         self.prompts = prompts
         self.tokenization = tokenization
-        self.model_info = ModelInfo.of(model, runner.kernel_paths)
+        self.model_info = ModelInfo.of(model, runner.kernel_paths, None if aligner is None else aligner.aligner.source)
         self._model = model
         self.max_unread_frames = max_unread_frames  # None: a reader may fall behind without limit
         # How a request's stream is made: by default one that its reader, in this process, iterates.
@@ -206,6 +208,7 @@ class Engine(StepObservers):
         # operation at a time: a count check and the write after it are one step.
         self._voices = voices
         self._voice_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-store")
+        self._aligner = aligner
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False
         # On the engine's clock, when the runner's thread took up the call the loop now waits for; None between
@@ -217,7 +220,9 @@ class Engine(StepObservers):
     @classmethod
     def create(cls, model: LoadedModel, config: EngineConfig, clock: Clock = time.monotonic,
                new_stream: Callable[[str], RequestStream] | None = None) -> Engine:
-        """Load order: runner (KV allocation, graph capture), then a scheduler sized from it."""
+        """Load order: the aligner, if any (its weights are not the KV cache's to take), the runner (KV allocation,
+        graph capture), then a scheduler sized from it."""
+        aligner = None if config.aligner_model is None else AlignerWorker(load_aligner(config, model))
         frame_rate_hz = model.speech_config.frame_rate_hz
         runner = ModelRunner(model, config.runner_config(frame_rate_hz))
         logger.info("kernel paths: %s", runner.kernel_paths)
@@ -230,7 +235,7 @@ class Engine(StepObservers):
             limits = VoiceLimits(config.max_voices, config.max_voice_bytes, config.max_voices_per_owner)
             voices = VoiceStore.open(config.voice_store_dir, limits, voice_shape(model))
         return cls(model, runner, scheduler, prompts, tokenization, clock, config.max_unread_frames(frame_rate_hz),
-                   voices, new_stream, config.min_decodes_to_schedule_ahead)
+                   voices, new_stream, config.min_decodes_to_schedule_ahead, aligner)
 
     @classmethod
     def load(cls, source: str, device: str, config: EngineConfig,
@@ -267,6 +272,8 @@ class Engine(StepObservers):
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
         self._prompt_executor.shutdown(wait=False, cancel_futures=True)
         self._voice_executor.shutdown(wait=True)  # a voice being written is finished, never cut
+        if self._aligner is not None:
+            self._aligner.close()
 
     async def join(self) -> None:
         """Wait until the loop has ended: stopped, or failed (then its exception is raised here)."""
@@ -400,6 +407,13 @@ class Engine(StepObservers):
         if self._voices is None:
             raise VoiceNotFoundError(voice_id)
         await self._in_voice_store(self._voices.delete, voice_id, owner)
+
+    async def align_words(self, item: AlignmentItem) -> list[WordTiming]:
+        """When the clip speaks each word of its text, from the aligner loaded beside the model, batched with the
+        other requests' windows. Raises PromptError when none is loaded."""
+        if self._aligner is None:
+            raise PromptError("word_timestamps", "this engine has no forced aligner (--aligner-model)")
+        return await self._aligner.align(item)
 
     async def _in_voice_store(self, operation: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._voice_executor, operation, *args)

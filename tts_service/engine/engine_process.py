@@ -39,6 +39,7 @@ from tts_service.engine.streams import AudioChunk, RequestFailed, RequestStream,
 from tts_service.engine.voice_files import RegisteredVoice
 from tts_service.engine.warm_up import warm_up
 from tts_service.engine.wire import Batch, Call, LoadFailed, Notice, Ready, Reply, Stop, receive, send
+from tts_service.model.aligner import AlignmentItem, WordTiming
 from tts_service.model.prompts import VoiceClone
 
 logger = logging.getLogger(__name__)
@@ -264,6 +265,9 @@ class EngineProcess(StepObservers):
 
     async def delete_voice(self, voice_id: str, owner: str) -> None:
         await self._call(EngineCalls.delete_voice, voice_id, owner)
+
+    async def align_words(self, item: AlignmentItem) -> list[WordTiming]:
+        return await self._call(EngineCalls.align_words, item)
 
     async def stop(self) -> None:
         """Stop the core (its live requests end with an error: drain first) and wait for its process."""

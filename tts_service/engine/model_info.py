@@ -33,9 +33,12 @@ class ModelInfo:
     default_non_streaming_text: bool
     # The runner's fused paths this run takes (`KernelPolicy.active_paths`, those on); empty on the eager path.
     kernel_paths: tuple[str, ...] = ()
+    # The forced aligner loaded beside the model (what --aligner-model named); None: no word timestamps.
+    aligner: str | None = None
 
     @classmethod
-    def of(cls, model: LoadedModel, kernel_paths: dict[str, bool | str] | None = None) -> ModelInfo:
+    def of(cls, model: LoadedModel, kernel_paths: dict[str, bool | str] | None = None,
+           aligner: str | None = None) -> ModelInfo:
         config = model.config
         speech = model.speech_config
         return cls(
@@ -48,7 +51,7 @@ class ModelInfo:
             dtype=str(model.talker.codec_head.weight.dtype).removeprefix("torch."), device=str(model.device),
             default_params=params_from_generation_config(model.generation_config),
             default_non_streaming_text=config.model_type != "base",
-            kernel_paths=KernelPolicy.paths_taken(kernel_paths or {}))
+            kernel_paths=KernelPolicy.paths_taken(kernel_paths or {}), aligner=aligner)
 
     @property
     def speakers(self) -> list[str]:

@@ -81,6 +81,17 @@ class AlignerInputs:
 
 
 @dataclass(frozen=True)
+class ClipFeatures:
+    """A batch on the host, before any layout: what `prepare` and the graph runner's packing both start from."""
+
+    words: list[list[Word]]
+    features: list[torch.Tensor]  # each clip's log-mel frames [mel bins, frames], float32 on the host
+    frames: list[int]
+    prompts: list[list[int]]  # each clip's prompt ids
+    durations_s: list[float]  # each clip's length as given
+
+
+@dataclass(frozen=True)
 class PromptTokens:
     """The ids of the prompt's added tokens, as the tokenizer encodes them."""
 
@@ -170,6 +181,15 @@ class ForcedAligner:
 
     def prepare(self, items: Sequence[AlignmentItem]) -> AlignerInputs:
         """The model's inputs for `items`, each of whose texts must hold a word."""
+        clips = self.clip_features(items)
+        features = [clip.to(self.device, self.dtype) for clip in clips.features]
+        input_ids, attention_mask = self._left_padded(clips.prompts)
+        return AlignerInputs(input_ids, attention_mask, features, clips.words, clips.durations_s)
+
+    def clip_features(self, items: Sequence[AlignmentItem], is_each_alone: bool = False) -> ClipFeatures:
+        """Each item's words, log-mel frames and prompt, on the host; each text must hold a word. The reference
+        pads a batch's clips to the longest before its spectrogram, which changes a shorter clip's last frames;
+        `is_each_alone` takes each clip's frames as it gets them alone instead."""
         words = [split_words(item.text, item.language) for item in items]
         if not items or not all(words):
             raise ValueError("every text to align needs at least one word (a letter or a digit)")
@@ -177,16 +197,25 @@ class ForcedAligner:
         min_samples = self.feature_extractor.n_fft // 2 + 1
         clips = [prepare_audio(item.audio, item.sample_rate, min_samples) for item in items]
         # The spectrogram on the aligner's device: on a GPU it keeps the server's host threads (and the GIL) free.
+        features = [clip for group in ([[clip] for clip in clips] if is_each_alone else [clips])
+                    for clip in self._log_mel(group)]
+        frames = [clip.shape[1] for clip in features]
+        prompts = [self.prompt(item_words, audio_token_count(count))
+                   for item_words, count in zip(words, frames, strict=True)]
+        durations = [_mono(np.asarray(item.audio)).shape[0] / item.sample_rate for item in items]
+        return ClipFeatures(words, features, frames, prompts, durations)
+
+    def _log_mel(self, clips: list[np.ndarray]) -> list[torch.Tensor]:
+        """Each clip's log-mel frames [mel bins, frames] (float32, on the host), the clips padded together."""
         extracted = self.feature_extractor(clips, sampling_rate=SAMPLE_RATE, padding=True, truncation=False,
                                            return_attention_mask=True, return_tensors="pt", device=str(self.device))
         frames = extracted["attention_mask"].sum(-1).tolist()
-        features = [extracted["input_features"][row, :, :count].to(self.device, self.dtype)
-                    for row, count in enumerate(frames)]
-        prompts = [self.prompt(item_words, audio_token_count(count))
-                   for item_words, count in zip(words, frames, strict=True)]
-        input_ids, attention_mask = self._left_padded(prompts)
-        durations = [_mono(np.asarray(item.audio)).shape[0] / item.sample_rate for item in items]
-        return AlignerInputs(input_ids, attention_mask, features, words, durations)
+        return [extracted["input_features"][row, :, :count] for row, count in enumerate(frames)]
+
+    def timings(self, words: Sequence[Word], classes: Sequence[int], duration_s: float,
+                clamp_to_audio: bool = True) -> list[WordTiming]:
+        """Each word's times from the classes predicted at its two `<timestamp>`s."""
+        return self._timings(words, classes, duration_s if clamp_to_audio else math.inf)
 
     def prompt(self, words: Sequence[Word], num_audio_tokens: int) -> list[int]:
         """`<|audio_start|>`, the audio placeholders, `<|audio_end|>`, then each word and its two `<timestamp>`s."""

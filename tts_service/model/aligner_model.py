@@ -65,10 +65,12 @@ class AudioAttention(nn.Module):
         self.v_proj = nn.Linear(width, width)
         self.out_proj = nn.Linear(width, width)
 
-    def forward(self, x: torch.Tensor, clip_sizes: list[int] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, clip_sizes: list[int] | None = None,
+                allowed: torch.Tensor | None = None) -> torch.Tensor:
         """x [S, width] -> [S, width]: the tokens of one clip, or of several one after another (`clip_sizes`),
         each clip attending to itself only. The projections take every clip at once; the attention runs clip by
-        clip, as one clip alone runs it, so that a batch gives each clip the numbers it gets alone."""
+        clip, as one clip alone runs it, so that a batch gives each clip the numbers it gets alone. Packed clips
+        (`allowed` [S, S], which keys each token sees) attend in one call instead, as a captured graph needs."""
         length = x.shape[0]
 
         def heads(projection: nn.Linear) -> torch.Tensor:
@@ -77,6 +79,10 @@ class AudioAttention(nn.Module):
         # The reference builds a block mask for 8-second windows but, outside flash-attention, never passes it:
         # every token sees the whole clip. Its SDPA call asks for grouped-query attention even with equal heads.
         extra = {"enable_gqa": True} if _SDPA_HAS_GQA else {}
+        if allowed is not None:
+            out = F.scaled_dot_product_attention(heads(self.q_proj), heads(self.k_proj), heads(self.v_proj),
+                                                 attn_mask=allowed, scale=self.scale)
+            return self.out_proj(out[0].transpose(0, 1).reshape(length, -1))
         sizes = clip_sizes or [length]
         per_clip = zip(*(projection.split(sizes, dim=2) for projection in
                          (heads(self.q_proj), heads(self.k_proj), heads(self.v_proj))), strict=True)
@@ -94,8 +100,9 @@ class AudioEncoderLayer(nn.Module):
         self.fc2 = nn.Linear(ffn_width, width)
         self.final_layer_norm = nn.LayerNorm(width)
 
-    def forward(self, x: torch.Tensor, clip_sizes: list[int] | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), clip_sizes)
+    def forward(self, x: torch.Tensor, clip_sizes: list[int] | None = None,
+                allowed: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.self_attn_layer_norm(x), clip_sizes, allowed)
         x = x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
         if x.dtype == torch.float16:  # as the reference: keep fp16 activations finite
             limit = torch.finfo(x.dtype).max - 1000
@@ -156,6 +163,28 @@ class AudioEncoder(nn.Module):
             x = layer(x, clip_sizes)
         return list(self.proj2(F.gelu(self.proj1(self.ln_post(x)))).split(clip_sizes))
 
+    def encode_packed(self, chunks: torch.Tensor, chunk_width: torch.Tensor, token_clip: torch.Tensor) -> torch.Tensor:
+        """Whole chunks of every clip [C, mel bins, CHUNK_FRAMES] (a short last chunk zero-padded) -> every chunk
+        position's token [C * tokens a chunk, output_dim], in shapes that depend on C alone. `chunk_width` [C]: the
+        frames each chunk is padded to when its clip is encoded alone (the clip's longest chunk); the convolutions
+        see zeros past it, as they would. `token_clip` [C * tokens a chunk] names each position's clip, -1 where no
+        frame is behind it (a short chunk's tail, padding): those positions are no one's keys, and their own outputs
+        are not read."""
+        x = chunks[:, None]
+        for index, convolution in enumerate((self.conv2d1, self.conv2d2, self.conv2d3)):
+            x = F.gelu(convolution(x))
+            chunk_width = (chunk_width - 1).div(2, rounding_mode="floor") + 1
+            if index < 2:  # the next convolution pads this one's output with zeros where it ends
+                x = x * (torch.arange(x.shape[-1], device=x.device) < chunk_width[:, None])[:, None, None].to(x.dtype)
+        convolved = x
+        num_chunks, channels, bins, steps = convolved.shape
+        tokens = self.conv_out(convolved.permute(0, 3, 1, 2).reshape(num_chunks, steps, channels * bins))
+        x = (tokens + self.positions[:steps].to(tokens.dtype)).reshape(num_chunks * steps, -1)
+        allowed = segment_mask(token_clip, is_causal=False)
+        for layer in self.layers:
+            x = layer(x, allowed=allowed)
+        return self.proj2(F.gelu(self.proj1(self.ln_post(x))))
+
     def _convolve(self, chunks: torch.Tensor) -> torch.Tensor:
         x = F.gelu(self.conv2d1(chunks))
         x = F.gelu(self.conv2d2(x))
@@ -197,6 +226,45 @@ class PrefillAttention:
                                               attn_mask=self.allowed, scale=scale)
 
 
+def segment_mask(segment: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    """Which keys each query of a packed sequence sees [1, 1, S, S]: those of its own segment (`segment` [S]; -1:
+    padding, nobody's key), and only earlier ones when causal. Every query sees itself, so that a padding query's
+    (unread) output stays finite."""
+    index = torch.arange(segment.shape[0], device=segment.device)
+    allowed = (segment[:, None] == segment[None, :]) & (segment[None, :] >= 0)
+    if is_causal:
+        allowed &= index[None, :] <= index[:, None]
+    return (allowed | (index[:, None] == index[None, :]))[None, None]
+
+
+class PackedAttention:
+    """Causal attention over prompts packed one after another into one row (`layers.AttentionBackend`), each
+    attending to its own tokens only: shapes that depend on the packed length alone, as a captured graph needs."""
+
+    def __init__(self, segment: torch.Tensor) -> None:
+        self.allowed = segment_mask(segment, is_causal=True)
+
+    def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor) -> torch.Tensor:
+        num_heads = query.shape[1]
+        return F.scaled_dot_product_attention(query, repeat_kv(key, num_heads), repeat_kv(value, num_heads),
+                                              attn_mask=self.allowed, scale=query.shape[-1] ** -0.5)
+
+
+@dataclass
+class PackedBatch:
+    """A batch laid out in fixed shapes (`tts_service.runner.aligner_runner` packs it): C whole chunks of mel
+    frames and their tokens' clips, and every prompt one after another in one row of M tokens."""
+
+    chunks: torch.Tensor  # [C, mel bins, CHUNK_FRAMES]
+    chunk_width: torch.Tensor  # [C]: the frames each chunk is padded to when its clip is encoded alone
+    token_clip: torch.Tensor  # [C * tokens a chunk]: each encoder position's clip, -1 for none
+    input_ids: torch.Tensor  # [M]
+    positions: torch.Tensor  # [M]: each token's position in its own prompt
+    segment: torch.Tensor  # [M]: each token's prompt, -1 for padding
+    audio_source: torch.Tensor  # [M]: for an `<|audio_pad|>`, the encoder position whose token replaces it
+
+
 class Thinker(nn.Module):
     def __init__(self, config: AlignerConfig) -> None:
         super().__init__()
@@ -224,6 +292,22 @@ class Thinker(nn.Module):
         cos, sin = rope_cos_sin(self.inv_freq, positions, embeds.dtype)
         hidden = self.model.run_layers(embeds, cos, sin, PrefillAttention(attention_mask))
         return self.lm_head(hidden)
+
+
+    def packed_classes(self, batch: PackedBatch) -> torch.Tensor:
+        """The predicted class [M] at every position of a packed batch."""
+        return self.packed_logits(batch).argmax(dim=-1)
+
+    def packed_logits(self, batch: PackedBatch) -> torch.Tensor:
+        """Timestamp logits [M, classify_num] at every position of a packed batch: the numbers `forward` gives each
+        prompt, up to the rounding of kernels chosen for other shapes."""
+        audio = self.audio_tower.encode_packed(batch.chunks, batch.chunk_width, batch.token_clip)
+        embeds = self.model.embed_tokens(batch.input_ids)
+        is_audio = (batch.input_ids == self.config.audio_token_id)[:, None]
+        embeds = torch.where(is_audio, audio[batch.audio_source].to(embeds.dtype), embeds)
+        cos, sin = rope_cos_sin(self.inv_freq, batch.positions[None], embeds.dtype)
+        hidden = self.model.run_layers(embeds[None], cos, sin, PackedAttention(batch.segment))
+        return self.lm_head(hidden[0])
 
 
 class AlignerModel(nn.Module):

@@ -1,0 +1,74 @@
+"""The aligner's captured graphs on a GPU (random 0.6B weights at the published shapes): a replay gives the classes
+the same packed pass gives eagerly, in every bucket a batch lands in; in float32 the packed pass gives each clip the
+logits it gets aligned alone; and the engine's runner times words inside each clip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tts_service.model.aligner import AlignmentItem, ForcedAligner
+from tts_service.runner.aligner_runner import AlignerRunner, pack, smallest_bucket
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+RATE = 24000
+TEXT = "the quick brown fox jumps over a lazy dog while seven bright birds sing"
+
+
+def items(lengths_s: list[float], seed: int = 0) -> list[AlignmentItem]:
+    rng = np.random.default_rng(seed)
+    words = TEXT.split()
+    return [AlignmentItem(rng.standard_normal(round(seconds * RATE)).astype(np.float32) * 0.1, RATE,
+                          " ".join(words[:1 + round(seconds * 2.5) % len(words)]))
+            for seconds in lengths_s]
+
+
+@pytest.fixture(scope="module")
+def runner() -> AlignerRunner:
+    return AlignerRunner(ForcedAligner.load("random:0.6b", "cuda", torch.bfloat16))
+
+
+@pytest.mark.parametrize("lengths_s", [[0.7], [1.0, 2.5, 0.3], [5.0] * 6, [12.0, 3.3, 7.9, 0.5] * 2])
+@torch.inference_mode()
+def test_a_replay_gives_the_classes_of_the_same_packed_pass_run_eagerly(runner: AlignerRunner,
+                                                                       lengths_s: list[float]) -> None:
+    aligner = runner.aligner
+    clips = aligner.clip_features(items(lengths_s), is_each_alone=True)
+    batch = pack(clips, range(len(lengths_s)), aligner.tokens.audio_pad)
+    bucket = smallest_bucket(batch.num_chunks, batch.num_tokens)
+    assert bucket in runner.captured_buckets
+    with torch.cuda.stream(runner.stream):
+        runner._static.load(batch, bucket)
+        runner._graphs[bucket].replay()
+        replayed = runner._read_classes(batch.num_tokens)
+        eager = aligner.model.thinker.packed_classes(runner._static.view(bucket))[:batch.num_tokens].cpu().numpy()
+    np.testing.assert_array_equal(replayed, eager)
+
+
+@torch.inference_mode()
+def test_in_float32_packed_clips_get_the_logits_each_gets_aligned_alone() -> None:
+    was_tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        aligner = ForcedAligner.load("random:0.6b", "cuda", torch.float32)
+        batch_items = items([0.6, 3.37, 1.5, 9.0])
+        clips = aligner.clip_features(batch_items, is_each_alone=True)
+        batch = pack(clips, range(len(batch_items)), aligner.tokens.audio_pad)
+        logits = aligner.model.thinker.packed_logits(batch.on(aligner.device, aligner.dtype))
+        for row, item in enumerate(batch_items):
+            alone = aligner.logits(aligner.prepare([item]))[0]
+            start = batch.prompt_starts[row]
+            torch.testing.assert_close(logits[start:start + len(clips.prompts[row])], alone, rtol=0, atol=2e-3)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was_tf32
+
+
+def test_the_runner_times_every_word_inside_its_clip(runner: AlignerRunner) -> None:
+    batch_items = items([2.0, 6.5, 0.4, 15.0])
+    results = runner.align_many(batch_items)
+    for item, timings in zip(batch_items, results, strict=True):
+        duration_s = item.audio.shape[0] / RATE
+        assert len(timings) == len(item.text.split())
+        assert all(0.0 <= word.start_s <= word.end_s <= duration_s for word in timings)
