@@ -199,9 +199,21 @@ class ApiKeyInterceptor(RefusingInterceptor):
 
 
 class ServingState:
+    """Whether the server serves speech: not before its engine runs, nor once it drains."""
+
     def __init__(self) -> None:
         self.is_ready = False
-        self.is_draining = False
+        self._draining = asyncio.Event()
+
+    @property
+    def is_draining(self) -> bool:
+        return self._draining.is_set()
+
+    def start_draining(self) -> None:
+        self._draining.set()
+
+    async def wait_draining(self) -> None:
+        await self._draining.wait()
 
 
 class AdmissionInterceptor(RefusingInterceptor):

@@ -351,7 +351,7 @@ class TtsServer:
         self.health = health.aio.HealthServicer()
         credentials = Credentials(config.api_keys)
         # Built once, for both front doors: one engine, one set of limits and metrics, whichever door a call takes.
-        self.steps = SpeechSteps(config, self.calls, credentials)
+        self.steps = SpeechSteps(config, self.calls, credentials, self.state)
         self.service = TextToSpeechService(self.steps)
         count_refusal = self.steps.count_refusal
         interceptors: list[grpc.aio.ServerInterceptor] = [AdmissionInterceptor(self.state, count_refusal),
@@ -491,7 +491,7 @@ class TtsServer:
 
     async def drain(self) -> bool:
         """Refuse new calls and let running ones finish within the drain timeout; True when all did."""
-        self.state.is_draining = True
+        self.state.start_draining()
         await self.health.enter_graceful_shutdown()
         logger.info("draining: waiting up to %g s for %d call(s)", self.config.drain_timeout_seconds,
                     self.calls.num_active)

@@ -37,6 +37,7 @@ from tts_service.api.call_limits import call_too_long_error
 from tts_service.api.callers import Credentials
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError
+from tts_service.api.interceptors import ServingState
 from tts_service.api.lexicon_store import LexiconLimits, LexiconStore
 from tts_service.api.lexicons import Lexicon
 from tts_service.api.messages import (
@@ -156,8 +157,10 @@ class SpeechSteps:
     """A speech call's steps, shared by both front doors, and what they need: the engine (None until the server
     serves it), the metrics and tracer, the calls in progress and the callers' credentials."""
 
-    def __init__(self, config: ServerConfig, calls: CallTracker, credentials: Credentials) -> None:
+    def __init__(self, config: ServerConfig, calls: CallTracker, credentials: Credentials,
+                 state: ServingState) -> None:
         self.config = config
+        self.state = state
         self.calls = calls
         self.credentials = credentials
         self.engine: EngineDoor | None = None

@@ -9,6 +9,11 @@ the engine's stream, which pauses that request. A cancelled utterance is aborted
 next step and its slot is free), audio of it not yet sent is dropped, and its completion says it was cancelled.
 Each utterance beyond the call's first takes a place of its caller's (`--max-calls-per-caller`) while it is
 open, and is counted in the metrics as a request of its own.
+
+A call outlives its utterances (a voice agent keeps one per conversation), so a draining server would wait for it
+until the drain timeout. Instead, once the server drains, the call opens no new utterance (text for one is
+dropped, and the call's end says why), an open utterance that has had no text yet is cancelled, and the others are
+spoken to their end; then the call ends with UNAVAILABLE, for the client to reconnect to a server that serves.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+
 from observability.calls import CallRecord
 from tts_service.api.callers import Identity
-from tts_service.api.errors import invalid
+from tts_service.api.errors import ApiError, invalid
 from tts_service.api.lexicons import Lexicon, StreamingSubstitution
 from tts_service.api.speech import EncodedAudio, PreparedRequest, SpeechSteps
 from tts_service.api.word_timestamps import WordTracker, word_timestamps_language
@@ -92,6 +99,7 @@ class UtteranceCall:
         self._utterances: dict[str, _Utterance] = {}
         self._num_open = 0
         self._is_text_ended = False
+        self._refused_ids: set[str] = set()  # utterances the client began while the server drained
         # One item in hand at a time from the pumps, so that unread audio stays in the engine's streams.
         self._audio: asyncio.Queue[UtteranceItem | BaseException] = asyncio.Queue(maxsize=1)
         self._acks: asyncio.Queue[UtteranceItem] = asyncio.Queue(maxsize=MAX_UNSENT_ACKS)
@@ -122,6 +130,9 @@ class UtteranceCall:
         """The next fragment of an utterance's text; text for an id not seen yet opens an utterance."""
         utterance = self._utterances.get(utterance_id)
         if utterance is None:
+            if self._steps.state.is_draining or utterance_id in self._refused_ids:
+                self._refused_ids.add(check_utterance_id(utterance_id))
+                return
             utterance = await self._open_next(utterance_id)
         if utterance.is_cancelled:
             return  # text that was on its way when the client cancelled
@@ -144,6 +155,8 @@ class UtteranceCall:
             self._engine.append_text(utterance.record.request_id, spoken)
 
     def close(self, utterance_id: str) -> None:
+        if utterance_id in self._refused_ids:
+            return
         utterance = self._known(utterance_id)
         if not (utterance.is_text_closed or utterance.is_cancelled):
             utterance.is_text_closed = True
@@ -154,6 +167,8 @@ class UtteranceCall:
             self._engine.close_text(utterance.record.request_id)
 
     def cancel(self, utterance_id: str) -> None:
+        if utterance_id in self._refused_ids:
+            return
         utterance = self._known(utterance_id)
         if not (utterance.is_done or utterance.is_cancelled):
             utterance.is_cancelled = True
@@ -173,15 +188,19 @@ class UtteranceCall:
     async def items(self, reader: asyncio.Task[None]) -> AsyncIterator[UtteranceItem]:
         """The call's output in order: audio of the utterances not cancelled, their completions, flush acks. Ends
         once the text has ended and every utterance has completed; raises what failed an utterance, or what
-        ended `reader` (the door's task that reads the client's messages) with an error, as soon as it does."""
+        ended `reader` (the door's task that reads the client's messages) with an error, as soon as it does; and
+        UNAVAILABLE once the server drains and every utterance has completed (see the module's docstring)."""
         audio = asyncio.ensure_future(self._audio.get())
         ack = asyncio.ensure_future(self._acks.get())
         ended = asyncio.ensure_future(self._ended.wait())
-        watched: set[asyncio.Future[Any]] = {audio, ack, ended, reader}
+        draining = asyncio.ensure_future(self._steps.state.wait_draining())
+        watched: set[asyncio.Future[Any]] = {audio, ack, ended, reader, draining}
         try:
             while not (ended.done() and self._is_drained(audio)):
                 done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
                 watched -= done
+                if draining in done:
+                    self._wind_down()
                 if reader in done:
                     reader.result()  # a protocol error ends the call at once; the end of the text just ends reading
                 if ack in done:
@@ -197,9 +216,21 @@ class UtteranceCall:
                     audio = asyncio.ensure_future(self._audio.get())
                     watched.add(audio)
         finally:
-            for future in (audio, ack, ended):
+            for future in (audio, ack, ended, draining):
                 future.cancel()
-            await asyncio.gather(audio, ack, ended, return_exceptions=True)
+            await asyncio.gather(audio, ack, ended, draining, return_exceptions=True)
+        if not self._is_text_ended:
+            refused = f" (not spoken: utterance {', '.join(map(repr, sorted(self._refused_ids)))})" \
+                if self._refused_ids else ""
+            raise ApiError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down: this call's utterances have "
+                                                        f"been spoken{refused}; open a new call for the next")
+
+    def _wind_down(self) -> None:
+        """The server drains: utterances that have had no text are cancelled; the call ends after the rest."""
+        for utterance_id, utterance in self._utterances.items():
+            if utterance.num_text_chars == 0 and not (utterance.is_text_closed or utterance.is_done):
+                self.cancel(utterance_id)
+        self._end_if_done()
 
     def _is_drained(self, audio: asyncio.Future[Any]) -> bool:
         """Every item has been handed out: pumps put each item before their utterance counts as done."""
@@ -295,5 +326,5 @@ class UtteranceCall:
             self._steps.metrics.observe_call(utterance.record, status)
 
     def _end_if_done(self) -> None:
-        if self._is_text_ended and self._num_open == 0:
+        if (self._is_text_ended or self._steps.state.is_draining) and self._num_open == 0:
             self._ended.set()
