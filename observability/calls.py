@@ -51,6 +51,7 @@ class CallResult:
     num_frames: int
     num_input_tokens: int
     audio_s: float
+    segment_retries: tuple[str, ...] = ()  # a long text's segments made again, by why (early_end, runaway)
 
 
 @dataclass

@@ -119,6 +119,10 @@ class ServiceMetrics:
                                 (*names, "rpc", "status", "finish_reason"), registry=self.registry)
         self.audio_seconds = Counter("qwen3_tts_audio_seconds", "Audio generated.", names, registry=self.registry)
         self.frames = Counter("qwen3_tts_frames", "Codec frames generated.", names, registry=self.registry)
+        self.segment_retries = Counter("qwen3_tts_segment_retries",
+                                       "Segments of long texts made again once: ended far too early for their text "
+                                       "(early_end) or cut where they ran far past it (runaway).",
+                                       (*names, "reason"), registry=self.registry)
         self.input_tokens = Counter("qwen3_tts_input_tokens", "Text tokens of requests' own text.", names,
                                     registry=self.registry)
         self.prefills = Counter("qwen3_tts_engine_prefills", "Requests prefilled (admitted or resumed).", names,
@@ -176,6 +180,8 @@ class ServiceMetrics:
         self.audio_seconds.labels(**labels).inc(result.audio_s)
         self.frames.labels(**labels).inc(result.num_frames)
         self.input_tokens.labels(**labels).inc(result.num_input_tokens)
+        for reason in result.segment_retries:
+            self.segment_retries.labels(**labels, reason=reason).inc()
 
     def _observe_first_audio_path(self, record: CallRecord, timeline: RequestTimeline) -> None:
         received, first_audio = record.first_audio_received, timeline.first_audio

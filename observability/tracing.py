@@ -96,6 +96,8 @@ class CallTracer:
             span.set_attributes({ATTRIBUTE_PREFIX + "frames": result.num_frames,
                                  ATTRIBUTE_PREFIX + "input_tokens": result.num_input_tokens,
                                  ATTRIBUTE_PREFIX + "audio_seconds": result.audio_s})
+            if result.segment_retries:
+                span.set_attribute(ATTRIBUTE_PREFIX + "segment_retries", list(result.segment_retries))
             timeline = result.timeline
             stages = (("queued", timeline.arrival, timeline.admitted or timeline.finished),
                       ("prefill", timeline.admitted, timeline.first_frame),

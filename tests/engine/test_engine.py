@@ -12,6 +12,7 @@ import torch
 
 from scheduler.request import FinishReason
 from scheduler.scheduler import QueueFullError
+from tests.engine.forced_ends import end_every_stream_at
 from tts_service.eager.generate import GenerationRequest, generate_codes
 from tts_service.eager.synthesize import EagerSynthesizer
 from tts_service.engine.config import EngineConfig
@@ -91,26 +92,6 @@ def test_concurrent_requests_equal_eager_generation_and_stream_equal_offline_aud
     assert stats.num_prefills == len(requests)
     assert stats.num_codec_frames == sum(summary.num_frames for _, summary in results)
     assert 0 < stats.execute_s <= stats.loop_s
-
-
-def end_every_stream_at(runner, frame_index: int, eos_code: int) -> None:
-    """The runner reports EOS for every frame `frame_index` a decode makes (the device made another frame)."""
-    start_step = runner.start_step
-
-    def step_with_ends(step: StepInput):
-        pending = start_step(step)
-        ending_rows = [row for row, item in enumerate(step.decodes) if item.frame_index == frame_index]
-        result = pending.result
-
-        def result_with_ends():
-            output = result()
-            output.decode_frames[ending_rows, 0] = eos_code
-            return output
-
-        pending.result = result_with_ends
-        return pending
-
-    runner.start_step = step_with_ends
 
 
 def test_steps_scheduled_ahead_drop_the_frames_made_after_a_stream_ended_and_change_nothing_else(

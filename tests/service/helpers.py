@@ -35,7 +35,7 @@ def with_settings(config: ServerConfig, **settings: Any) -> ServerConfig:
 
 # Small limits keep every request a few frames long: the tiny model takes ~60 ms a frame on a CPU.
 TEST_CONFIG = with_settings(ServerConfig(), model="(test)", host="127.0.0.1", port=0, max_concurrent=4,
-                            max_waiting=16, max_text_chars=400, max_audio_seconds=0.48,
+                            max_waiting=16, max_text_chars=400, max_document_chars=400, max_audio_seconds=0.48,
                             max_reference_audio_seconds=5.0, stream_idle_timeout_seconds=1.5,
                             drain_timeout_seconds=10.0)
 RYAN = Voice(speaker="ryan", language="english")

@@ -112,6 +112,18 @@ def test_a_streamed_calls_first_audio_path_is_observed_from_the_server_and_engin
     assert value(scrape, "qwen3_tts_time_to_first_audio_seconds_sum") == pytest.approx(0.013)
 
 
+def test_a_long_texts_segment_retries_are_counted_by_reason() -> None:
+    metrics = ServiceMetrics("tiny", "custom_voice")
+    record = CallRecord("Synthesize", "long", started=100.0)
+    timeline = RequestTimeline(arrival=100.0, admitted=100.0, first_frame=100.01, first_audio=100.02, finished=110.0)
+    record.result = CallResult("stopped", timeline, num_frames=900, num_input_tokens=700, audio_s=72.0,
+                               segment_retries=("early_end", "runaway", "early_end"))
+    metrics.observe_call(record, "OK")
+    scrape = samples(metrics)
+    assert value(scrape, "qwen3_tts_segment_retries_total", reason="early_end") == 2
+    assert value(scrape, "qwen3_tts_segment_retries_total", reason="runaway") == 1
+
+
 def test_a_calls_underrun_is_the_time_its_listener_was_starved_each_stall_once() -> None:
     metrics = ServiceMetrics("tiny", "custom_voice")
     record = CallRecord("SynthesizeOnline", "one-stall", started=100.0)

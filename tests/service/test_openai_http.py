@@ -152,7 +152,7 @@ def test_a_missing_api_key_is_refused_with_401_and_openais_error_json(http_serve
     ({"voice": "alloy"}, "voice"),
     ({"voice": None}, "voice"),
     ({"input": ""}, "input"),
-    ({"input": "x" * 5000}, "input"),
+    ({"input": "x" * 200_001}, "input"),  # past --max-document-chars
     ({"speed": 1.5}, "speed"),
     ({"response_format": "aac"}, "response_format"),
     ({"stream_format": "video"}, "stream_format"),

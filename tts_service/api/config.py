@@ -91,9 +91,10 @@ class ServerConfig:
                                           "none", check=_OPTIONAL_PORT)
     # The HTTP ports (the OpenAI-compatible API's and /metrics') bound each connection from its accept, before any API
     # key is checked; the API bounds each request's body. Reference audio never travels over HTTP.
-    max_http_body_bytes: int = setting(1024 * 1024, "largest request body the HTTP API reads; a longer one gets 413 "
-                                                    "(1 MiB is far more than a speech request's JSON)",
-                                       check=at_least(1))
+    # 200,000 characters of CJK text, each escaped as \uXXXX in JSON, take 1.2 MB.
+    max_http_body_bytes: int = setting(2 * 1024 * 1024, "largest request body the HTTP API reads; a longer one gets "
+                                                        "413 (2 MiB holds a --max-document-chars text however it is "
+                                                        "escaped)", check=at_least(1))
     http_header_timeout_seconds: float = setting(10.0, "on the HTTP ports, longest a request head (or a TLS "
                                                        "handshake) may take from its first byte; then the "
                                                        "connection is closed", check=above(0))
@@ -189,7 +190,7 @@ class ServerConfig:
 
     @property
     def input_limits(self) -> InputLimits:
-        return InputLimits(text_chars=self.engine.max_text_chars, instruction_chars=self.engine.max_text_chars,
+        return InputLimits(text_chars=self.engine.max_document_chars, instruction_chars=self.engine.max_text_chars,
                            reference_text_chars=self.engine.max_reference_text_chars,
                            reference_audio_bytes=min(self.max_reference_audio_bytes, self.max_message_bytes))
 

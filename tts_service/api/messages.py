@@ -58,11 +58,14 @@ def generation_params(message: Any, config: ServerConfig, model: ModelInfo, text
     to both the talker and the code predictor), and an unset length the model's default for `text` (None: text
     still arriving)."""
     defaults = model.default_params
+    engine = config.engine
+    # A text spoken segment by segment may run to the document limit in all; the engine caps each segment.
+    is_segmented = text is not None and len(text) > engine.segment_chars
+    ceiling = engine.max_document_audio_s if is_segmented else engine.max_audio_s
     max_seconds = (message.max_audio_seconds if message.HasField("max_audio_seconds")
-                   else model.default_audio_seconds(text, config.engine.max_audio_s))
-    if not 0 < max_seconds <= config.engine.max_audio_s:
-        raise invalid("generation.max_audio_seconds",
-                      f"must be in (0, {config.engine.max_audio_s:g}], got {max_seconds}")
+                   else ceiling if is_segmented else model.default_audio_seconds(text, ceiling))
+    if not 0 < max_seconds <= ceiling:
+        raise invalid("generation.max_audio_seconds", f"must be in (0, {ceiling:g}], got {max_seconds}")
     def sampling(default: SamplingParams) -> SamplingParams:
         return SamplingParams(
             temperature=message.temperature if message.HasField("temperature") else default.temperature,

@@ -138,6 +138,8 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
                            max_voices=engine.max_voices, max_voices_per_caller=engine.max_voices_per_owner,
                            max_utterances_per_call=config.max_utterances_per_call,
                            max_lexicons=config.max_lexicons, max_lexicons_per_caller=config.max_lexicons_per_caller,
+                           max_document_chars=engine.max_document_chars, max_segment_chars=engine.segment_chars,
+                           max_document_audio_seconds=engine.max_document_audio_s,
                            max_voice_bytes=engine.max_voice_bytes,
                            voices_are_persistent=engine.voice_store_dir is not None,
                            stream_idle_timeout_seconds=config.stream_idle_timeout_seconds,

@@ -240,7 +240,8 @@ class SpeechSteps:
     def _finish_record(self, record: CallRecord, summary: SynthesisSummary) -> None:
         model = self.engine_or_unavailable().model_info
         record.result = CallResult(summary.finish_reason.value, summary.timeline, summary.num_frames,
-                                   summary.num_text_tokens, model.audio_seconds(summary.num_frames))
+                                   summary.num_text_tokens, model.audio_seconds(summary.num_frames),
+                                   summary.segment_retries)
 
     def count_refusal(self, rpc: str, code: grpc.StatusCode) -> None:
         """A call refused before it ran (no valid key, the server not serving), on either front door."""

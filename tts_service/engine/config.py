@@ -49,12 +49,24 @@ class EngineConfig:
     # decode batch. None: max_running.
     num_slots: int | None = None
     # -- what one request may hold (sizes the KV block table) --
-    max_text_chars: int = setting(4096, "most characters of text per request (and of an instruction)",
-                                  check=at_least(1))
+    max_text_chars: int = setting(4096, "most characters of text one generation may hold: a streamed utterance's "
+                                        "text, a segment of a longer one, an instruction", check=at_least(1))
+    # -- long text --
+    max_document_chars: int = setting(200_000, "most characters of a whole text one request may carry "
+                                               "(Synthesize, SynthesizeOnline, HTTP): one longer than "
+                                               "--max-segment-chars is spoken segment by segment as one stream",
+                                      check=at_least(1))
+    max_segment_chars: int = setting(1000, "longest run of whole sentences generated in one go; a longer whole text "
+                                           "is cut at sentences (then clauses, then between words) and its segments "
+                                           "spoken one after another in the same voice", check=at_least(1))
+    max_document_audio_s: float = setting(4 * 3600.0, "longest audio one whole-text request may generate in all, "
+                                                      "each of its segments within --max-audio-seconds",
+                                          flag="max-document-audio-seconds", check=above(0))
     max_reference_text_chars: int = setting(2048, "most characters of a voice clone's reference transcript",
                                             check=at_least(1))
-    max_audio_s: float = setting(120.0, "longest audio one request may generate, and the cap of one that sets "
-                                        "none", flag="max-audio-seconds", check=above(0))
+    max_audio_s: float = setting(120.0, "longest audio one generation (a request, or a segment of a long text) may "
+                                        "make, and the cap of one that sets none", flag="max-audio-seconds",
+                                 check=above(0))
     # Read as codec frames.
     max_reference_audio_s: float = setting(60.0, "longest voice-cloning reference recording",
                                            flag="max-reference-audio-seconds", check=above(0))
@@ -133,10 +145,19 @@ class EngineConfig:
                 f">= max_running ({self.max_running})")
         require(self, self.codec_convolution_dtype != "float16" or self.codec_dtype == "float32",
                 "codec_convolution_dtype", f"auto or float32 with codec_dtype {self.codec_dtype!r}")
+        require(self, self.max_document_chars >= self.max_text_chars, "max_document_chars",
+                f">= max_text_chars ({self.max_text_chars})")
+        require(self, self.max_document_audio_s >= self.max_audio_s, "max_document_audio_s",
+                f">= max_audio_s ({self.max_audio_s:g})")
 
     @property
     def num_runner_slots(self) -> int:
         return self.max_running if self.num_slots is None else self.num_slots
+
+    @property
+    def segment_chars(self) -> int:
+        """A long text's segment budget: a segment is one generation, which holds at most max_text_chars."""
+        return min(self.max_segment_chars, self.max_text_chars)
 
     def positions_per_request(self, frame_rate_hz: float) -> int:
         """Room for the longest request: instruction, text and transcript, reference frames, audio frames."""

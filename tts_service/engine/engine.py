@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,7 @@ from scheduler.scheduler import Scheduler
 from tts_service.engine.aligner_worker import AlignerWorker, load_aligner
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.model_info import ModelInfo
+from tts_service.engine.segmented import SegmentBounds, SegmentedRequests
 from tts_service.engine.step_observers import StepObservers
 from tts_service.engine.step_work import (
     AudioInFlight,
@@ -180,7 +182,9 @@ class Engine(StepObservers):
                  tokenization: TextTokenization, clock: Clock = time.monotonic,
                  max_unread_frames: int | None = None, voices: VoiceStore | None = None,
                  new_stream: Callable[[str], RequestStream] | None = None,
-                 min_decodes_to_schedule_ahead: int | None = None, aligner: AlignerWorker | None = None) -> None:
+                 min_decodes_to_schedule_ahead: int | None = None, aligner: AlignerWorker | None = None,
+                 max_segment_chars: int = EngineConfig.max_segment_chars,
+                 max_segment_frames: int | None = None) -> None:
         super().__init__(clock)
         self.runner = runner
         self.min_decodes_to_schedule_ahead = min_decodes_to_schedule_ahead  # as EngineConfig's; None: never
@@ -209,6 +213,13 @@ class Engine(StepObservers):
         self._voices = voices
         self._voice_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-store")
         self._aligner = aligner
+        # Random weights never end speech themselves: their segments run to the time reading them takes, unguarded.
+        bounds = None if model.is_random else functools.partial(
+            SegmentBounds.for_text, frame_rate_hz=model.speech_config.frame_rate_hz,
+            max_frames=max_segment_frames or 2**31)
+        self._segmented = SegmentedRequests(max_segment_chars, self._submit_segment, self.abort,
+                                            self.set_output_paused, self._segment_frames, bounds)
+        self._max_segment_frames = max_segment_frames
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False
         # On the engine's clock, when the runner's thread took up the call the loop now waits for; None between
@@ -235,7 +246,8 @@ class Engine(StepObservers):
             limits = VoiceLimits(config.max_voices, config.max_voice_bytes, config.max_voices_per_owner)
             voices = VoiceStore.open(config.voice_store_dir, limits, voice_shape(model))
         return cls(model, runner, scheduler, prompts, tokenization, clock, config.max_unread_frames(frame_rate_hz),
-                   voices, new_stream, config.min_decodes_to_schedule_ahead, aligner)
+                   voices, new_stream, config.min_decodes_to_schedule_ahead, aligner, config.segment_chars,
+                   math.ceil(config.max_audio_s * frame_rate_hz))
 
     @classmethod
     def load(cls, source: str, device: str, config: EngineConfig,
@@ -268,6 +280,7 @@ class Engine(StepObservers):
         if self._task is not None:
             await self._task
             self._task = None
+        await self._segmented.close()
         self._executor.shutdown(wait=True)
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
         self._prompt_executor.shutdown(wait=False, cancel_futures=True)
@@ -316,19 +329,31 @@ class Engine(StepObservers):
         """Queue a request. Raises PromptError for input the model cannot serve, and the scheduler's
         QueueFullError / RequestTooLargeError when there is no room; nothing is queued then.
 
-        A whole text is tokenized in a worker thread, so that a long one never stalls the event loop."""
+        A whole text is tokenized in a worker thread, so that a long one never stalls the event loop; one longer
+        than a segment is spoken segment by segment (segmented.py), as one request to its caller."""
+        if self._segmented.is_segmented(request):
+            self._check_submittable(request)
+            return await self._segmented.submit(request, self._new_stream(request.request_id))
+        return await self._submit_one(request, self._new_stream)
+
+    async def _submit_segment(self, request: SynthesisRequest) -> RequestStream:
+        """One segment of a segmented request: its stream is read in this process, by the request's run."""
+        return await self._submit_one(request, self._local_stream)
+
+    async def _submit_one(self, request: SynthesisRequest,
+                          new_stream: Callable[[str], RequestStream]) -> RequestStream:
         arrival_time = self.clock()
         self._check_submittable(request)
         if request.is_text_open:
             self.prompts.validate(request.synthesis, is_text_required=False)
-            live = self._new_live(request, arrival_time)
+            live = _Live(request, new_stream(request.request_id), arrival_time)
             live.text = IncrementalTokenizer(self.tokenization)
         else:
             self.prompts.validate(request.synthesis)
             prompt, num_text_ids = await asyncio.get_running_loop().run_in_executor(
                 self._prompt_executor, self._build_prompt, request.synthesis)
             self._check_submittable(request)  # the engine may have stopped, or the id been taken, meanwhile
-            live = self._new_live(request, arrival_time)
+            live = _Live(request, new_stream(request.request_id), arrival_time)
             self._enter(live, prompt, is_text_closed=True)
             live.num_text_ids = num_text_ids
         self._live[request.request_id] = live
@@ -338,11 +363,8 @@ class Engine(StepObservers):
     def _check_submittable(self, request: SynthesisRequest) -> None:
         if not self.is_running:
             raise EngineStoppedError("the engine is not running")
-        if request.request_id in self._live:
+        if request.request_id in self._live or self._segmented.owns(request.request_id):
             raise ValueError(f"request id {request.request_id!r} is already in use")
-
-    def _new_live(self, request: SynthesisRequest, arrival_time: float) -> _Live:
-        return _Live(request, self._new_stream(request.request_id), arrival_time)
 
     def _local_stream(self, request_id: str) -> RequestStream:
         return RequestStream(request_id, self.max_unread_frames,
@@ -415,10 +437,20 @@ class Engine(StepObservers):
             raise PromptError("word_timestamps", "this engine has no forced aligner (--aligner-model)")
         return await self._aligner.align(item)
 
+    def _segment_frames(self, text: str) -> int:
+        """The most frames one segment of this text may take: the audio limit of one generation, or, with random
+        weights (which never end speech by themselves), about the time reading it aloud takes."""
+        limit = self._max_segment_frames or 2**31
+        seconds = self.model_info.default_audio_seconds(text, limit / self.model_info.frame_rate_hz)
+        return max(1, min(limit, round(seconds * self.model_info.frame_rate_hz)))
+
     async def _in_voice_store(self, operation: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._voice_executor, operation, *args)
 
     def abort(self, request_id: str) -> None:
+        if self._segmented.owns(request_id):
+            self._segmented.abort(request_id)
+            return
         live = self._live.get(request_id)
         if live is None:
             return
@@ -430,6 +462,9 @@ class Engine(StepObservers):
 
     def set_output_paused(self, request_id: str, is_paused: bool) -> None:
         """The request's reader fell behind (pause it) or caught up (resume it)."""
+        if self._segmented.owns(request_id):
+            self._segmented.set_output_paused(request_id, is_paused)
+            return
         self.scheduler.set_output_paused(request_id, is_paused)
         self._wake.set()
 

@@ -41,6 +41,8 @@ class SynthesisSummary:
     codes: np.ndarray  # [num_frames, G] int64: every generated frame
     timeline: RequestTimeline
     error: str | None = None
+    # A long text's segments made again, by why (segmented.py's guards: early_end, runaway).
+    segment_retries: tuple[str, ...] = ()
 
     @property
     def queue_time_s(self) -> float | None:

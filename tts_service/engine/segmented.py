@@ -1,0 +1,247 @@
+"""A whole text longer than one segment, spoken segment by segment as one request with one stream.
+
+The text is cut at sentences (`segments.split_segments`, `--max-segment-chars`): the first segment a quarter of
+the budget, each next one at most twice the one before. Each segment is a request of its own inside the engine:
+the same voice (speaker, instruction, clone prompt) and sampling settings, a seed derived from the request's and
+the segment's index (so that the whole is reproducible), and at most the audio the request has left. Segment k+1
+is submitted when segment k has been generated, long before its audio has played (generation runs many times
+faster than real time, and a segment is at most twice the one before), so a long request holds one decode slot
+at a time, its KV memory is released segment by segment, and short requests that arrive meanwhile take their
+turn between its segments.
+
+Guards against the model's failure modes, with real weights: a segment that ends far too early for its text
+(`SegmentBounds.min_frames`), or runs far past what its text can need (`max_frames`, where it is cut), is made
+again once with the next seed. The first segment streams as it is made, for first audio's sake, so it is cut but
+never made again; every later one is held back until it is complete and accepted, so a retry is never heard. A
+request's retries are named in its summary (`segment_retries`, counted by the server's metrics).
+
+The caller sees one request: one stream, whose audio is every accepted segment's in order, sample for sample (the
+frame offsets run on across segments), one summary, and one id for abort and for pausing a reader that fell
+behind; these reach whichever segment is running. A segment that fails fails the request; an aborted or
+deadline-ended one ends it there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from observability.calls import RequestTimeline
+from scheduler.request import FinishReason
+from tts_service.engine.segments import Segment, split_segments
+from tts_service.engine.streams import AudioChunk, RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.model.speech_length import estimated_speech_seconds
+
+# Joins a request's id and its segment's index into the segment's id inside the engine.
+SEGMENT_ID_SEPARATOR = "~"
+_SEED_RANGE = 2**32
+# A retry's seed steps this far from the seed it replaces (odd, so that it never lands on another segment's).
+_RETRY_SEED_STEP = 0x9E3779B9
+# The first segment's share of the segment budget.
+FIRST_SEGMENT_SHARE = 4
+# A segment that ends before this share of the time its text takes to read ended too early; one that runs past this
+# factor of it (plus the margin) has run away.
+EARLY_END_SHARE = 0.25
+RUNAWAY_FACTOR = 3.0
+RUNAWAY_MARGIN_S = 2.0
+
+
+@dataclass(frozen=True)
+class SegmentBounds:
+    """What a segment's text can plausibly take, in frames: an end before `min_frames` is too early; `max_frames`
+    is its cap, past which, when it is the runaway bound and not the generation limit, it has run away."""
+
+    min_frames: int
+    max_frames: int
+    is_runaway_bound: bool
+
+    @classmethod
+    def for_text(cls, text: str, frame_rate_hz: float, max_frames: int) -> SegmentBounds:
+        seconds = estimated_speech_seconds(text)
+        runaway = math.ceil((RUNAWAY_FACTOR * seconds + RUNAWAY_MARGIN_S) * frame_rate_hz)
+        return cls(min_frames=int(EARLY_END_SHARE * seconds * frame_rate_hz), max_frames=min(max_frames, runaway),
+                   is_runaway_bound=runaway < max_frames)
+
+    def verdict(self, summary: SynthesisSummary, cap: int) -> str | None:
+        """Why the segment must be made again (`early_end`, `runaway`), or None: it ended within bounds, or at a cap
+        that is not the runaway bound (the generation limit, or what the request had left)."""
+        if summary.finish_reason is FinishReason.STOPPED and summary.num_frames < self.min_frames:
+            return "early_end"
+        if summary.finish_reason is FinishReason.LENGTH and self.is_runaway_bound and cap == self.max_frames:
+            return "runaway"
+        return None
+
+
+@dataclass
+class _Run:
+    """One segmented request: its segments, the one running, and what the finished ones made."""
+
+    request: SynthesisRequest
+    stream: RequestStream
+    segments: list[Segment]
+    current_id: str | None = None
+    is_aborted: bool = False
+    is_paused: bool = False
+    summaries: list[SynthesisSummary] = field(default_factory=list)
+    retries: list[str] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def num_frames(self) -> int:
+        return sum(summary.num_frames for summary in self.summaries)
+
+    def text_of(self, index: int) -> str:
+        return self.segments[index].of(self.request.synthesis.text)
+
+
+SubmitOne = Callable[[SynthesisRequest], Awaitable[RequestStream]]
+
+
+class SegmentedRequests:
+    """The engine's segmented requests (see the module's docstring). `submit_one` queues one request whose stream
+    is read here; `abort_one` and `pause_one` reach a running segment."""
+
+    def __init__(self, max_segment_chars: int, submit_one: SubmitOne, abort_one: Callable[[str], None],
+                 pause_one: Callable[[str, bool], None], frames_for: Callable[[str], int],
+                 bounds_for: Callable[[str], SegmentBounds] | None) -> None:
+        self.max_segment_chars = max_segment_chars
+        self._submit_one = submit_one
+        self._abort_one = abort_one
+        self._pause_one = pause_one
+        # The frames a segment of this text may take at most, before what the request has left.
+        self._frames_for = frames_for
+        # The guards' bounds for a segment's text; None: no guards (random weights never end speech themselves).
+        self._bounds_for = bounds_for
+        self._runs: dict[str, _Run] = {}
+
+    def is_segmented(self, request: SynthesisRequest) -> bool:
+        return not request.is_text_open and len(request.synthesis.text) > self.max_segment_chars
+
+    def owns(self, request_id: str) -> bool:
+        return request_id in self._runs
+
+    @property
+    def num_running(self) -> int:
+        return len(self._runs)
+
+    async def submit(self, request: SynthesisRequest, stream: RequestStream) -> RequestStream:
+        """Queue the request's first segment (raising what the engine raises for it, with nothing queued) and
+        speak the rest after it into `stream`."""
+        segments = split_segments(request.synthesis.text, self.max_segment_chars,
+                                  max(1, self.max_segment_chars // FIRST_SEGMENT_SHARE))
+        if request.request_id in self._runs:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        run = _Run(request, stream, segments or [Segment(0, len(request.synthesis.text))])
+        first, _ = await self._start_segment(run, 0, attempt=0)
+        self._runs[request.request_id] = run
+        run.task = asyncio.get_running_loop().create_task(self._speak(run, first),
+                                                          name=f"segmented {request.request_id}")
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        run = self._runs.get(request_id)
+        if run is None or run.is_aborted:
+            return
+        run.is_aborted = True
+        if run.current_id is not None:
+            self._abort_one(run.current_id)
+
+    def set_output_paused(self, request_id: str, is_paused: bool) -> None:
+        run = self._runs.get(request_id)
+        if run is None:
+            return
+        run.is_paused = is_paused
+        if run.current_id is not None:
+            self._pause_one(run.current_id, is_paused)
+
+    async def close(self) -> None:
+        """The engine stops: every run ends (its running segment has failed with the engine)."""
+        tasks = [run.task for run in self._runs.values() if run.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _start_segment(self, run: _Run, index: int, attempt: int) -> tuple[RequestStream, int]:
+        """Queue segment `index` (its `attempt`-th making): its stream, and the frame cap it was given."""
+        request = run.request
+        text = run.text_of(index)
+        params = request.params
+        frames_left = params.max_new_frames - run.num_frames
+        own_cap = self._frames_for(text) if self._bounds_for is None else self._bounds_for(text).max_frames
+        cap = max(1, min(frames_left, own_cap))
+        seed = (params.seed + index + attempt * _RETRY_SEED_STEP) % _SEED_RANGE
+        retry = f".{attempt}" if attempt else ""
+        stream = await self._submit_one(dataclasses.replace(
+            request, request_id=f"{request.request_id}{SEGMENT_ID_SEPARATOR}{index}{retry}",
+            synthesis=dataclasses.replace(request.synthesis, text=text),
+            params=dataclasses.replace(params, seed=seed, max_new_frames=cap,
+                                       min_new_frames=min(params.min_new_frames, cap))))
+        run.current_id = stream.request_id
+        if run.is_paused:
+            self._pause_one(run.current_id, True)
+        if run.is_aborted:  # aborted while the segment was being queued
+            self._abort_one(run.current_id)
+        return stream, cap
+
+    async def _speak(self, run: _Run, first: RequestStream) -> None:
+        try:
+            for index in range(len(run.segments)):
+                summary = await (self._relay(run, first) if index == 0 else self._made_and_accepted(run, index))
+                run.summaries.append(summary)
+                if summary.finish_reason is FinishReason.ABORTED or run.is_aborted:
+                    break
+                if run.num_frames >= run.request.params.max_new_frames:
+                    break
+            run.stream.finish(self._summary(run))
+        except RequestFailed as error:
+            run.summaries.append(error.summary)
+            run.stream.fail(RequestFailed(self._summary(run)))
+        except Exception as error:  # the engine refused a later segment, or stopped: the request ends with it
+            run.stream.fail(error)
+        finally:
+            run.current_id = None
+            self._runs.pop(run.request.request_id, None)
+
+    async def _made_and_accepted(self, run: _Run, index: int) -> SynthesisSummary:
+        """A later segment, held back until it is complete; made again once if a guard refuses it. Its audio goes
+        out once accepted (the retry's, whatever its verdict)."""
+        bounds = None if self._bounds_for is None else self._bounds_for(run.text_of(index))
+        for attempt in (0, 1):
+            segment, cap = await self._start_segment(run, index, attempt)
+            chunks = [chunk async for chunk in segment]
+            assert segment.summary is not None
+            summary = segment.summary
+            reason = None if bounds is None or run.is_aborted or attempt == 1 else bounds.verdict(summary, cap)
+            if reason is None:
+                offset = run.num_frames
+                for chunk in chunks:
+                    run.stream.put_audio(AudioChunk(chunk.samples, chunk.first_frame + offset, chunk.num_frames))
+                return summary
+            run.retries.append(reason)
+        raise AssertionError("unreachable: the second making is always accepted")
+
+    async def _relay(self, run: _Run, segment: RequestStream) -> SynthesisSummary:
+        """The first segment's audio into the request's stream as it comes."""
+        async for chunk in segment:
+            run.stream.put_audio(chunk)
+        assert segment.summary is not None
+        return segment.summary
+
+    def _summary(self, run: _Run) -> SynthesisSummary:
+        """The segments' summaries as the request's: the last one's ending, every frame, the whole timeline."""
+        first, last = run.summaries[0], run.summaries[-1]
+        codes = [summary.codes for summary in run.summaries if summary.codes.size]
+        timeline = RequestTimeline(arrival=first.timeline.arrival, admitted=first.timeline.admitted,
+                                   first_frame=first.timeline.first_frame, first_audio=first.timeline.first_audio,
+                                   finished=last.timeline.finished)
+        finish_reason = last.finish_reason
+        if run.is_aborted and finish_reason is not FinishReason.ERROR:
+            finish_reason = FinishReason.ABORTED
+        return SynthesisSummary(
+            request_id=run.request.request_id, finish_reason=finish_reason, num_frames=run.num_frames,
+            num_text_tokens=sum(summary.num_text_tokens for summary in run.summaries),
+            codes=np.concatenate(codes) if codes else first.codes, timeline=timeline, error=last.error,
+            segment_retries=tuple(run.retries))

@@ -1,0 +1,134 @@
+"""Long text cut into segments that the model speaks one after another, in the same voice, as one stream.
+
+A segment is a run of whole sentences of at most `max_chars` characters; with `first_chars`, the first segment's
+budget is that and each next one's twice the one before (up to `max_chars`), so that a segment is short where it
+must be made before its audio can start, and each can be made while the one before it plays.
+
+A sentence ends at terminal punctuation (Latin: `.`, `!`, `?`, `…`, with any closing quotes or brackets, before a
+space or the end; CJK: `。！？；`, with closing quotes or brackets) or at a line break. A sentence longer than
+`max_chars` is cut at its clauses (`,;:` and dashes before a space; CJK `，、；：`), a clause longer than that between
+words (at a space, or between two CJK characters, each of which is a word), never inside a word: a single word
+longer than `max_chars` is a segment of its own, however long. The segments cover the text exactly, in order (each
+keeps the spaces after it), so that offsets into a segment lead back to the text as sent; a piece with nothing to
+say (only spaces or punctuation) joins the segment beside it (so a segment may pass its budget by that piece).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from tts_service.model.aligner_text import is_cjk
+
+_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s|$)|[。！？；]+[”’」』）]*|\n")
+_CLAUSE_END = re.compile(r"[,;:—–]+[\"'”’)\]]*(?=\s)|[，、；：]")
+_SPACES = re.compile(r"\s*")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """`text[start:end]` of the text it was cut from."""
+
+    start: int
+    end: int
+
+    def of(self, text: str) -> str:
+        return text[self.start:self.end]
+
+
+def split_segments(text: str, max_chars: int, first_chars: int | None = None) -> list[Segment]:
+    """`text` cut into segments of at most `max_chars` characters, the first `first_chars` and each next one twice
+    the one before when given (see the module's docstring); none when it has nothing to say."""
+    if max_chars < 1 or (first_chars is not None and first_chars < 1):
+        raise ValueError(f"max_chars and first_chars must be >= 1, got {max_chars} and {first_chars}")
+    pieces = [piece for sentence in _spans(text, 0, len(text), _SENTENCE_END)
+              for piece in _fitted(text, sentence, max_chars)]
+
+    def budget(index: int) -> int:
+        return max_chars if first_chars is None else min(max_chars, first_chars << min(index, 62))
+
+    segments: list[Segment] = []
+    leading: int | None = None  # where wordless pieces before the first word start
+    for start, end in _packed(pieces, budget, lambda: len(segments)):
+        if _has_words(text[start:end]):
+            segments.append(Segment(start if leading is None else leading, end))
+            leading = None
+        elif segments:
+            segments[-1] = Segment(segments[-1].start, end)
+        elif leading is None:
+            leading = start
+    return segments
+
+
+def _has_words(piece: str) -> bool:
+    return any(character.isalnum() for character in piece)
+
+
+def _spans(text: str, start: int, end: int, boundary: re.Pattern[str]) -> Iterator[tuple[int, int]]:
+    """`text[start:end]` cut after each match of `boundary` and the spaces that follow it."""
+    position = start
+    for match in boundary.finditer(text, start, end):
+        cut = _SPACES.match(text, match.end(), end).end()  # type: ignore[union-attr]
+        if cut > position:
+            yield position, cut
+            position = cut
+    if position < end:
+        yield position, end
+
+
+def _fitted(text: str, span: tuple[int, int], max_chars: int) -> Iterator[tuple[int, int]]:
+    """A sentence as it is, or cut at clauses and then between words until every piece fits (a word never cut)."""
+    start, end = span
+    if end - start <= max_chars:
+        yield span
+        return
+    def fixed(_: int) -> int:
+        return max_chars
+
+    for clause in _packed(list(_spans(text, start, end, _CLAUSE_END)), fixed):
+        if clause[1] - clause[0] <= max_chars:
+            yield clause
+        else:
+            yield from _packed(list(_words(text, *clause)), fixed)
+
+
+def _words(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """Each word with the spaces after it; each CJK character is a word of its own."""
+    position = start
+    index = start
+    while index < end:
+        character = text[index]
+        if character.isspace():
+            index = _SPACES.match(text, index, end).end()  # type: ignore[union-attr]
+            yield position, index
+            position = index
+            continue
+        if is_cjk(character) and index > position:
+            yield position, index
+            position = index
+        index += 1
+        if is_cjk(character) and index < end and not text[index].isspace():
+            yield position, index
+            position = index
+    if position < end:
+        yield position, end
+
+
+def _packed(pieces: list[tuple[int, int]], budget: Callable[[int], int],
+            num_emitted: Callable[[], int] | None = None) -> Iterator[tuple[int, int]]:
+    """Consecutive pieces joined while the join fits the budget of the run being built (`budget` of its index:
+    `num_emitted()` when given, else how many runs came before)."""
+    current: tuple[int, int] | None = None
+    count = 0
+    for start, end in pieces:
+        index = count if num_emitted is None else num_emitted()
+        if current is not None and end - current[0] <= budget(index):
+            current = (current[0], end)
+            continue
+        if current is not None:
+            yield current
+            count += 1
+        current = (start, end)
+    if current is not None:
+        yield current
