@@ -3,6 +3,7 @@
     qwen3-tts voices
     qwen3-tts say "Hello there." -o hello.wav            (streamed to the file as it is generated)
     qwen3-tts say "Hello there." -o hello.flac --unary   (one request, one response)
+    qwen3-tts say --file chapter.txt -o chapter.mp3       (a whole document, with a progress bar)
     llm ... | qwen3-tts stream -o answer.ogg             (text read from stdin as it arrives)
     qwen3-tts say "Hi." -o - | aplay                     (WAV to a pipe as it is generated)
     qwen3-tts say "Hi." -o - --encoding pcm16 | aplay -f S16_LE -r 24000
@@ -27,6 +28,10 @@ word's timing is printed to stderr as it arrives, a sentence or so behind the au
 FILE written to FILE (- for stdout, when the audio goes elsewhere) as JSON lines: {"word", "start_char",
 "end_char", "start_seconds", "end_seconds"}, character offsets into the text sent, seconds from the audio's
 first sample. The audio is the same with or without them.
+
+--file FILE (say; - for stdin): the text of a document, spoken in one request however long (up to the server's
+--max-document-chars; it speaks it segment by segment as one stream). On a terminal, a progress bar shows the
+audio received against the audio the text should take, the real-time factor and the time left.
 
 Errors name the flag or the request field at fault. Exit status: 1 when the call failed (refused by
 the server, server unreachable, deadline passed), 2 for a bad argument or output, 130 on Ctrl-C.
@@ -54,6 +59,7 @@ from typing import Any, BinaryIO, TextIO
 import grpc
 import numpy as np
 import soundfile as sf
+from tqdm import tqdm
 
 from clients.qwen3_tts_client.client import DEFAULT_TARGET, AudioFormat, Connection, Generation, TtsClient, Voice
 from clients.qwen3_tts_client.voice_commands import add_voice_commands, describe_voice, run_voice_command
@@ -135,6 +141,18 @@ def _file_contents(text: str) -> bytes:
         raise argparse.ArgumentTypeError(f"cannot read {text!r}: {error.strerror or error}") from None
 
 
+def _text_file(text: str) -> str:
+    """A document's text (UTF-8), from a file or, for -, stdin."""
+    try:
+        if text == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
+        return Path(text).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{text} is not UTF-8 text: {error.reason} at byte {error.start}") from None
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {error.strerror}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwen3-tts", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -148,8 +166,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=_seconds, help="seconds before the call is abandoned")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("voices", help="show the model, its speakers, languages and audio formats")
-    say = commands.add_parser("say", help="speak TEXT into a file")
-    say.add_argument("text")
+    say = commands.add_parser("say", help="speak TEXT (or --file) into a file")
+    source = say.add_mutually_exclusive_group(required=True)
+    source.add_argument("text", nargs="?")
+    source.add_argument("--file", type=_text_file,
+                        help="speak this file's text (- for stdin), with a progress bar on a terminal")
     say.add_argument("--unary", action="store_true", help="one Synthesize call instead of streaming the audio")
     stream = commands.add_parser("stream", help="speak text read from stdin as it arrives (bidirectional streaming)")
     for command in (say, stream):
@@ -445,6 +466,42 @@ def stdin_fragments() -> Iterator[str]:
         yield tail
 
 
+# About how fast speech reads text: for a progress bar's total, not for any limit.
+_LATIN_CHARS_PER_S = 14.0
+_CJK_CHARS_PER_S = 4.5
+
+
+def _speech_seconds(text: str) -> float:
+    cjk = sum(1 for character in text if "\u3040" <= character <= "\u9fff" or "\uac00" <= character <= "\ud7af")
+    other = sum(1 for character in text if not character.isspace()) - cjk
+    return max(1.0, other / _LATIN_CHARS_PER_S + cjk / _CJK_CHARS_PER_S)
+
+
+class _RealTimeBar(tqdm):  # type: ignore[misc]
+    """Seconds of audio received against the text's expected length, the real-time factor, the time left."""
+
+    def update(self, audio_seconds: float) -> bool | None:
+        shown = super().update(audio_seconds)
+        elapsed = self.format_dict["elapsed"]
+        if self.n > 0:
+            self.set_postfix_str(f"rtf {elapsed / self.n:.2f}", refresh=False)
+        return shown
+
+
+def _progress(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
+    """With --file, a progress bar on stderr (only on a terminal); otherwise nothing."""
+    if getattr(args, "file", None) is None:
+        return contextlib.nullcontext(_NoProgress())
+    return _RealTimeBar(total=round(_speech_seconds(args.text), 1), unit="s", desc="audio", file=sys.stderr,
+                        disable=None, bar_format="{desc}: {n:.1f}/~{total:.0f} s |{bar}| {elapsed}<{remaining}"
+                                                 "{postfix}")
+
+
+class _NoProgress:
+    def update(self, audio_seconds: float) -> None:
+        return None
+
+
 def _report(output: str, completion: Any) -> None:
     usage = completion.usage
     reason = type(completion).DESCRIPTOR.fields_by_name["finish_reason"].enum_type.values_by_number[
@@ -474,11 +531,13 @@ def _say_or_stream(client: TtsClient, args: argparse.Namespace) -> None:
             else:
                 responses = client.streaming_synthesize(stdin_fragments(), voice, audio_format, generation,
                                                         args.timeout, word_timestamps=timestamps)
-            for response in responses:
-                sink.write(response.chunk.audio)
-                words.write(response.words.words)
-                if response.HasField("completion"):
-                    completion = response.completion
+            with _progress(args) as progress:
+                for response in responses:
+                    sink.write(response.chunk.audio)
+                    progress.update(response.chunk.duration_seconds)
+                    words.write(response.words.words)
+                    if response.HasField("completion"):
+                        completion = response.completion
         sink.commit()
     if completion is not None:
         _report(args.output, completion)
@@ -500,7 +559,10 @@ def _print_voices(response: Any) -> None:
         name = encodings.values_by_number[support.encoding].name.removeprefix("AUDIO_ENCODING_").lower()
         lines.append(f"{name}: {rates} Hz ({support.mime_type})")
     limits = response.limits
-    lines.append(f"limits: {limits.max_text_chars} characters, {limits.max_audio_seconds:g} s of audio per request")
+    lines.append(f"limits: {limits.max_document_chars} characters a text (spoken in segments of up to "
+                 f"{limits.max_segment_chars}), {limits.max_text_chars} a streamed utterance; "
+                 f"{limits.max_audio_seconds:g} s of audio a generation, "
+                 f"{limits.max_document_audio_seconds:g} s a text")
     lines += [f"registered voice: {describe_voice(voice)}" for voice in response.registered_voices]
     sys.stdout.write("\n".join(lines) + "\n")
 
@@ -518,6 +580,8 @@ def _rpc_error_message(error: grpc.RpcError, args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "file", None) is not None:
+        args.text = args.file
     if (args.cert is None) != (args.key is None):
         parser.error("argument --cert/--key: a client certificate needs both --cert and --key")
     try:

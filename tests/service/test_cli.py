@@ -204,3 +204,45 @@ def test_voice_commands_create_list_use_and_delete_a_registered_voice(base_serve
     capsys.readouterr()
     assert run(base_server, "voice", "get", voice_id) == 1
     assert f"NOT_FOUND: voice_id: no voice {voice_id!r}" in capsys.readouterr().err
+
+
+def test_say_file_speaks_a_documents_text_and_reads_stdin_for_a_dash(custom_voice_server: RunningServer,
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    document = tmp_path / "chapter.txt"
+    document.write_text("Chapter one.\nIt was a quiet night, and the sea was calm.\n", encoding="utf-8")
+    from_file, from_stdin = tmp_path / "file.wav", tmp_path / "stdin.wav"
+    assert run(custom_voice_server, "say", "--file", str(document), "--speaker", "ryan", "--temperature", "0",
+               "-o", str(from_file)) == 0
+    read_end, write_end = os.pipe()
+    os.write(write_end, document.read_bytes())
+    os.close(write_end)
+    monkeypatch.setattr("sys.stdin", os.fdopen(read_end))
+    assert run(custom_voice_server, "say", "--file", "-", "--speaker", "ryan", "--temperature", "0",
+               "-o", str(from_stdin)) == 0
+    assert from_file.read_bytes() == from_stdin.read_bytes() and from_file.stat().st_size > 44
+
+
+@pytest.mark.parametrize(("content", "expected"), [(b"caf\xe9", "is not UTF-8 text"), (None, "cannot read")],
+                         ids=["not-utf8", "missing"])
+def test_a_document_that_cannot_be_read_is_refused_naming_the_flag(custom_voice_server: RunningServer,
+                                                                   tmp_path: Path, content: bytes | None,
+                                                                   expected: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    document = tmp_path / "doc.txt"
+    if content is not None:
+        document.write_bytes(content)
+    with pytest.raises(SystemExit) as exited:
+        run(custom_voice_server, "say", "--file", str(document), "-o", str(tmp_path / "x.wav"))
+    assert exited.value.code == 2
+    assert "argument --file: " in (err := capsys.readouterr().err) and expected in err
+
+
+def test_the_progress_bar_shows_audio_against_the_texts_length_and_the_real_time_factor() -> None:
+    from clients.qwen3_tts_client.cli import _RealTimeBar, _speech_seconds
+
+    shown = io.StringIO()
+    with _RealTimeBar(total=round(_speech_seconds("word " * 70), 1), unit="s", desc="audio", file=shown,
+                      disable=False, mininterval=0, bar_format="{desc}: {n:.1f}/~{total:.0f} s{postfix}") as bar:
+        bar.update(10.0)
+    assert "audio: 10.0/~20 s" in shown.getvalue() and "rtf " in shown.getvalue()  # 280 letters at 14 a second
