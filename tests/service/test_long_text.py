@@ -15,6 +15,7 @@ import pytest
 from clients.qwen3_tts_client import AudioFormat, TtsClient
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server
 from tests.service.processes import free_port
+from tts_service.engine.segmented import FIRST_SEGMENT_SHARE
 from tts_service.engine.segments import split_segments
 from tts_service.model.checkpoint import LoadedModel
 
@@ -26,6 +27,11 @@ SENTENCES = ["The lighthouse keeper counted the ships that passed in the night."
              "Numbers like 1,024 and 3.14 are read aloud, too!",
              "A sentence without an end runs on through the line break\n",
              "Mixed text 混合文本 sits in one sentence; it ends here."]
+
+
+def num_segments_of(text: str) -> int:
+    """As the engine cuts it: the first segment a quarter of the budget, each next twice the one before."""
+    return len(split_segments(text, SEGMENT_CHARS, SEGMENT_CHARS // FIRST_SEGMENT_SHARE))
 
 
 def long_text(num_chars: int) -> str:
@@ -54,7 +60,7 @@ def client(server: RunningServer) -> Iterator[TtsClient]:
 
 def test_a_50000_character_text_streams_every_segment_contiguously_as_one_request(client: TtsClient) -> None:
     text = long_text(50_000)
-    num_segments = len(split_segments(text, SEGMENT_CHARS))
+    num_segments = num_segments_of(text)
     assert len(text) > 49_000 and num_segments >= 50
     call = client.synthesize_online(text, RYAN, AudioFormat("pcm16", 24000), GREEDY)
     responses = list(call)
@@ -70,7 +76,7 @@ def test_a_50000_character_text_streams_every_segment_contiguously_as_one_reques
 
 def test_the_http_door_speaks_a_long_text_whole(server: RunningServer) -> None:
     text = long_text(4_500)
-    num_segments = len(split_segments(text, SEGMENT_CHARS))
+    num_segments = num_segments_of(text)
     body = json.dumps({"model": "tts-1", "input": text, "voice": "ryan", "response_format": "pcm"}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{server.server.config.http_port}/v1/audio/speech", data=body,
                                      headers={"Content-Type": "application/json"})
