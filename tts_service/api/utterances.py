@@ -155,10 +155,8 @@ class UtteranceCall:
             self._engine.append_text(utterance.record.request_id, spoken)
 
     def close(self, utterance_id: str) -> None:
-        if utterance_id in self._refused_ids:
-            return
         utterance = self._known(utterance_id)
-        if not (utterance.is_text_closed or utterance.is_cancelled):
+        if utterance is not None and not (utterance.is_text_closed or utterance.is_cancelled):
             utterance.is_text_closed = True
             if utterance.substitution is not None:
                 self._say(utterance, utterance.substitution.close(), "")
@@ -167,10 +165,8 @@ class UtteranceCall:
             self._engine.close_text(utterance.record.request_id)
 
     def cancel(self, utterance_id: str) -> None:
-        if utterance_id in self._refused_ids:
-            return
         utterance = self._known(utterance_id)
-        if not (utterance.is_done or utterance.is_cancelled):
+        if utterance is not None and not (utterance.is_done or utterance.is_cancelled):
             utterance.is_cancelled = True
             self._engine.abort(utterance.record.request_id)
 
@@ -256,9 +252,10 @@ class UtteranceCall:
     def _first(self) -> _Utterance | None:
         return next(iter(self._utterances.values()), None)
 
-    def _known(self, utterance_id: str) -> _Utterance:
+    def _known(self, utterance_id: str) -> _Utterance | None:
+        """The utterance by its id; None for one begun while the server drained (never opened)."""
         utterance = self._utterances.get(utterance_id)
-        if utterance is None:
+        if utterance is None and utterance_id not in self._refused_ids:
             raise invalid("utterance_id", f"no utterance {utterance_id!r} has been opened on this call")
         return utterance
 

@@ -37,7 +37,7 @@ from scheduler.scheduler import Scheduler
 from tts_service.engine.aligner_worker import AlignerWorker, load_aligner
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.model_info import ModelInfo
-from tts_service.engine.segmented import SegmentBounds, SegmentedRequests
+from tts_service.engine.segmented import SegmentBounds, SegmentDoor, SegmentedRequests
 from tts_service.engine.step_observers import StepObservers
 from tts_service.engine.step_work import (
     AudioInFlight,
@@ -217,8 +217,8 @@ class Engine(StepObservers):
         bounds = None if model.is_random else functools.partial(
             SegmentBounds.for_text, frame_rate_hz=model.speech_config.frame_rate_hz,
             max_frames=max_segment_frames or 2**31)
-        self._segmented = SegmentedRequests(max_segment_chars, self._submit_segment, self.abort,
-                                            self.set_output_paused, self._segment_frames, bounds)
+        self._segmented = SegmentedRequests(max_segment_chars, SegmentDoor(
+            self._submit_segment, self.abort, self.set_output_paused, self._segment_frames, bounds))
         self._max_segment_frames = max_segment_frames
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False

@@ -99,24 +99,25 @@ class _Run:
         return self.segments[index].of(self.request.synthesis.text)
 
 
-SubmitOne = Callable[[SynthesisRequest], Awaitable[RequestStream]]
+@dataclass(frozen=True)
+class SegmentDoor:
+    """What the runs need of the engine, for one segment at a time."""
+
+    submit: Callable[[SynthesisRequest], Awaitable[RequestStream]]  # queue one request, its stream read here
+    abort: Callable[[str], None]
+    set_output_paused: Callable[[str, bool], None]
+    # The frames a segment of this text may take at most, before what the request has left (without guards).
+    frames_for: Callable[[str], int]
+    # The guards' bounds for a segment's text; None: no guards (random weights never end speech themselves).
+    bounds_for: Callable[[str], SegmentBounds] | None
 
 
 class SegmentedRequests:
-    """The engine's segmented requests (see the module's docstring). `submit_one` queues one request whose stream
-    is read here; `abort_one` and `pause_one` reach a running segment."""
+    """The engine's segmented requests (see the module's docstring)."""
 
-    def __init__(self, max_segment_chars: int, submit_one: SubmitOne, abort_one: Callable[[str], None],
-                 pause_one: Callable[[str, bool], None], frames_for: Callable[[str], int],
-                 bounds_for: Callable[[str], SegmentBounds] | None) -> None:
+    def __init__(self, max_segment_chars: int, door: SegmentDoor) -> None:
         self.max_segment_chars = max_segment_chars
-        self._submit_one = submit_one
-        self._abort_one = abort_one
-        self._pause_one = pause_one
-        # The frames a segment of this text may take at most, before what the request has left.
-        self._frames_for = frames_for
-        # The guards' bounds for a segment's text; None: no guards (random weights never end speech themselves).
-        self._bounds_for = bounds_for
+        self._door = door
         self._runs: dict[str, _Run] = {}
 
     def is_segmented(self, request: SynthesisRequest) -> bool:
@@ -149,7 +150,7 @@ class SegmentedRequests:
             return
         run.is_aborted = True
         if run.current_id is not None:
-            self._abort_one(run.current_id)
+            self._door.abort(run.current_id)
 
     def set_output_paused(self, request_id: str, is_paused: bool) -> None:
         run = self._runs.get(request_id)
@@ -157,7 +158,7 @@ class SegmentedRequests:
             return
         run.is_paused = is_paused
         if run.current_id is not None:
-            self._pause_one(run.current_id, is_paused)
+            self._door.set_output_paused(run.current_id, is_paused)
 
     async def close(self) -> None:
         """The engine stops: every run ends (its running segment has failed with the engine)."""
@@ -166,24 +167,24 @@ class SegmentedRequests:
 
     async def _start_segment(self, run: _Run, index: int, attempt: int) -> tuple[RequestStream, int]:
         """Queue segment `index` (its `attempt`-th making): its stream, and the frame cap it was given."""
-        request = run.request
+        request, door = run.request, self._door
         text = run.text_of(index)
         params = request.params
         frames_left = params.max_new_frames - run.num_frames
-        own_cap = self._frames_for(text) if self._bounds_for is None else self._bounds_for(text).max_frames
+        own_cap = door.frames_for(text) if door.bounds_for is None else door.bounds_for(text).max_frames
         cap = max(1, min(frames_left, own_cap))
         seed = (params.seed + index + attempt * _RETRY_SEED_STEP) % _SEED_RANGE
         retry = f".{attempt}" if attempt else ""
-        stream = await self._submit_one(dataclasses.replace(
+        stream = await self._door.submit(dataclasses.replace(
             request, request_id=f"{request.request_id}{SEGMENT_ID_SEPARATOR}{index}{retry}",
             synthesis=dataclasses.replace(request.synthesis, text=text),
             params=dataclasses.replace(params, seed=seed, max_new_frames=cap,
                                        min_new_frames=min(params.min_new_frames, cap))))
         run.current_id = stream.request_id
         if run.is_paused:
-            self._pause_one(run.current_id, True)
+            self._door.set_output_paused(run.current_id, True)
         if run.is_aborted:  # aborted while the segment was being queued
-            self._abort_one(run.current_id)
+            self._door.abort(run.current_id)
         return stream, cap
 
     async def _speak(self, run: _Run, first: RequestStream) -> None:
@@ -208,7 +209,8 @@ class SegmentedRequests:
     async def _made_and_accepted(self, run: _Run, index: int) -> SynthesisSummary:
         """A later segment, held back until it is complete; made again once if a guard refuses it. Its audio goes
         out once accepted (the retry's, whatever its verdict)."""
-        bounds = None if self._bounds_for is None else self._bounds_for(run.text_of(index))
+        bounds_for = self._door.bounds_for
+        bounds = None if bounds_for is None else bounds_for(run.text_of(index))
         for attempt in (0, 1):
             segment, cap = await self._start_segment(run, index, attempt)
             chunks = [chunk async for chunk in segment]
