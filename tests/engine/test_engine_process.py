@@ -162,6 +162,30 @@ def test_word_alignment_crosses_to_the_core_and_times_words_as_the_aligner_does_
         (0, 5), (6, 11), (12, 16)]
 
 
+def test_a_long_text_crosses_as_one_request_spoken_segment_by_segment_as_in_process(
+        tiny_checkpoints: dict[str, Path], tiny_models: dict[str, LoadedModel]) -> None:
+    config = replace(CONFIG, max_segment_chars=40, max_audio_s=0.24)
+    text = "The first sentence is here. A second one follows it. Then a third, short. And a fourth ends it."
+
+    async def speak(engine: Engine | EngineProcess) -> tuple[np.ndarray, SynthesisSummary]:
+        return await synthesize(engine, speaker_request("long", text))
+
+    remote_audio, remote = with_core(tiny_checkpoints["custom_voice"], speak, config)
+
+    async def local() -> tuple[np.ndarray, SynthesisSummary]:
+        engine = Engine.create(tiny_models["custom_voice"], config)
+        engine.start()
+        try:
+            return await speak(engine)
+        finally:
+            await engine.stop()
+
+    local_audio, summary = asyncio.run(local())
+    assert remote.request_id == "long" and remote.num_frames == summary.num_frames >= 9  # three frames a segment
+    np.testing.assert_array_equal(remote.codes, summary.codes)
+    np.testing.assert_allclose(remote_audio, local_audio, rtol=0, atol=1e-5)
+
+
 def test_an_open_request_the_core_refuses_ends_its_stream_with_the_error_the_engine_raises_in_process(
         tiny_checkpoints: dict[str, Path], tiny_models: dict[str, LoadedModel]) -> None:
     """The server's process sends an open request's text without waiting for the core to take the request; a
