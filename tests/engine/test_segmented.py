@@ -206,3 +206,46 @@ def test_random_weights_run_each_segment_to_its_reading_time_unguarded(tiny_mode
 
 def model_info_seconds(engine: Engine, text: str) -> float:
     return engine.model_info.default_audio_seconds(text, 10.0)
+
+
+def test_short_requests_beside_a_long_one_get_their_first_audio_as_soon_as_without_it(tiny_models) -> None:
+    """Fairness, counted in engine steps (wall time on a shared CPU is noise): a 100,000-character request holds
+    one slot, so twenty short requests that arrive while it runs reach first audio as they do alone, but for the
+    step already running when they arrive (an idle engine starts theirs at once)."""
+    model = tiny_models["custom_voice"]
+    config = dataclasses.replace(CONFIG, max_running=24, num_slots=24, max_segment_chars=1000, max_text_chars=1000,
+                                 max_audio_s=0.48, num_kv_blocks=2048, max_positions_per_request=1200)
+    long_text = " ".join(f"Sentence {index} of a very long chapter goes on here." for index in range(2000))
+    assert len(long_text) > 100_000
+    short = [request(f"short{index}", TEXTS_SHORT[index % len(TEXTS_SHORT)], SAMPLED) for index in range(20)]
+
+    def first_audio_steps(with_long: bool) -> list[int]:
+        engine = Engine.create(model, config)
+        steps = [0]
+        engine.add_step_observer(lambda _: steps.__setitem__(0, steps[0] + 1))
+
+        async def first_step(stream: RequestStream, submitted_at: int) -> int:
+            await stream.__anext__()
+            count = steps[0] - submitted_at
+            await stream.collect()
+            return count
+
+        async def body() -> list[int]:
+            if with_long:
+                long = await engine.submit(request("long", long_text))
+                await long.__anext__()  # it runs: its first segment holds a slot
+            submitted_at = steps[0]
+            streams = [await engine.submit(item) for item in short]
+            counts = await asyncio.gather(*(first_step(stream, submitted_at) for stream in streams))
+            if with_long:
+                engine.abort("long")
+                await long.collect()
+            return list(counts)
+
+        return run(engine, body)
+
+    alone, beside = first_audio_steps(False), first_audio_steps(True)
+    assert all(with_long <= without + 1 for with_long, without in zip(beside, alone, strict=True)), (alone, beside)
+
+
+TEXTS_SHORT = ["Hello there.", "How are you today?", "A short one.", "Numbers: 1, 2, 3."]
