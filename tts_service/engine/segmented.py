@@ -40,7 +40,7 @@ from tts_service.model.speech_length import estimated_speech_seconds
 # Joins a request's id and its segment's index into the segment's id inside the engine.
 SEGMENT_ID_SEPARATOR = "~"
 _SEED_RANGE = 2**32
-# A retry's seed steps this far from the seed it replaces (odd, so that it never lands on another segment's).
+# A retry's seed steps this far from the seed it replaces: far from the seeds of the request's other segments.
 _RETRY_SEED_STEP = 0x9E3779B9
 # The first segment's share of the segment budget.
 FIRST_SEGMENT_SHARE = 4
@@ -125,10 +125,6 @@ class SegmentedRequests:
 
     def owns(self, request_id: str) -> bool:
         return request_id in self._runs
-
-    @property
-    def num_running(self) -> int:
-        return len(self._runs)
 
     async def submit(self, request: SynthesisRequest, stream: RequestStream) -> RequestStream:
         """Queue the request's first segment (raising what the engine raises for it, with nothing queued) and
