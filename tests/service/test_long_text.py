@@ -90,3 +90,16 @@ def test_a_text_over_the_document_limit_is_refused_naming_the_field_and_the_limi
         client.synthesize("x " * 30_001, RYAN, generation=GREEDY)
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "text: is 60002 characters long; at most 60000" in refused.value.details()
+
+
+def test_word_timestamps_for_a_text_longer_than_a_segment_are_refused_naming_the_field(
+        tiny_models: dict[str, LoadedModel]) -> None:
+    running = start_server(tiny_models["custom_voice"], aligner_model="random:tiny", max_document_chars=5_000,
+                           max_text_chars=SEGMENT_CHARS, max_segment_chars=SEGMENT_CHARS, max_audio_seconds=0.16)
+    try:
+        with running.client() as tts, pytest.raises(grpc.RpcError) as refused:
+            tts.synthesize(long_text(SEGMENT_CHARS + 200), RYAN, generation=GREEDY, word_timestamps=True)
+    finally:
+        running.stop()
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith(f"word_timestamps: are given for texts of at most {SEGMENT_CHARS}")
