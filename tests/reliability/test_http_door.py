@@ -169,7 +169,7 @@ def send_ignoring_hangup(sock: socket.socket, data: bytes) -> None:
 
 def test_a_chunked_body_is_cut_at_the_limit_with_413(door: RunningServer) -> None:
     chunk = b"x" * 65536
-    chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(32))  # 2 MiB, twice the limit
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(64))  # 4 MiB, twice the limit
     with connect(door) as sock:
         sock.sendall(request_head(extra="Transfer-Encoding: chunked\r\n") + chunks)
         assert status_of(sock) == 413
