@@ -164,33 +164,37 @@ class ForcedAligner:
         running = [index for index, item_words in enumerate(words) if item_words]
         if not running:
             return results
-        inputs = self.prepare([items[index] for index in running])
+        inputs = self.prepare([items[index] for index in running], [words[index] for index in running])
         classes = self.logits(inputs).argmax(dim=-1).cpu()
         input_ids = inputs.input_ids.cpu()
         for row, index in enumerate(running):
             stamps = classes[row][input_ids[row] == self.tokens.timestamp].tolist()
-            limit_s = inputs.durations_s[row] if clamp_to_audio else math.inf
-            results[index] = self._timings(inputs.words[row], stamps, limit_s)
+            results[index] = self.timings(inputs.words[row], stamps, inputs.durations_s[row], clamp_to_audio)
         return results
 
-    def _timings(self, words: Sequence[Word], classes: Sequence[int], limit_s: float) -> list[WordTiming]:
-        """Each word's times from its two predicted classes, none later than `limit_s`."""
+    def timings(self, words: Sequence[Word], classes: Sequence[int], duration_s: float,
+                clamp_to_audio: bool = True) -> list[WordTiming]:
+        """Each word's times from the classes predicted at its two `<timestamp>`s, none later than the clip's end
+        when `clamp_to_audio`."""
+        limit_s = duration_s if clamp_to_audio else math.inf
         times = word_times_s(classes, self.config.timestamp_segment_ms)
         return [WordTiming(word.start_char, word.end_char, min(start, limit_s), min(end, limit_s))
                 for word, (start, end) in zip(words, times, strict=True)]
 
-    def prepare(self, items: Sequence[AlignmentItem]) -> AlignerInputs:
-        """The model's inputs for `items`, each of whose texts must hold a word."""
-        clips = self.clip_features(items)
+    def prepare(self, items: Sequence[AlignmentItem], words: Sequence[list[Word]] | None = None) -> AlignerInputs:
+        """The model's inputs for `items`, each of whose texts must hold a word (`words`: theirs, when already
+        cut)."""
+        clips = self.clip_features(items, words=words)
         features = [clip.to(self.device, self.dtype) for clip in clips.features]
         input_ids, attention_mask = self._left_padded(clips.prompts)
         return AlignerInputs(input_ids, attention_mask, features, clips.words, clips.durations_s)
 
-    def clip_features(self, items: Sequence[AlignmentItem], is_each_alone: bool = False) -> ClipFeatures:
-        """Each item's words, log-mel frames and prompt, on the host; each text must hold a word. The reference
-        pads a batch's clips to the longest before its spectrogram, which changes a shorter clip's last frames;
-        `is_each_alone` takes each clip's frames as it gets them alone instead."""
-        words = [split_words(item.text, item.language) for item in items]
+    def clip_features(self, items: Sequence[AlignmentItem], is_each_alone: bool = False,
+                      words: Sequence[list[Word]] | None = None) -> ClipFeatures:
+        """Each item's words (`words`, when the caller has cut them), log-mel frames and prompt, on the host; each
+        text must hold a word. The reference pads a batch's clips to the longest before its spectrogram, which
+        changes a shorter clip's last frames; `is_each_alone` takes each clip's frames as it gets them alone."""
+        words = list(words) if words is not None else [split_words(item.text, item.language) for item in items]
         if not items or not all(words):
             raise ValueError("every text to align needs at least one word (a letter or a digit)")
         # The extractor's framing reflects each clip's edges by half a window, which needs more samples than that.
@@ -211,11 +215,6 @@ class ForcedAligner:
                                            return_attention_mask=True, return_tensors="pt", device=str(self.device))
         frames = extracted["attention_mask"].sum(-1).tolist()
         return [extracted["input_features"][row, :, :count] for row, count in enumerate(frames)]
-
-    def timings(self, words: Sequence[Word], classes: Sequence[int], duration_s: float,
-                clamp_to_audio: bool = True) -> list[WordTiming]:
-        """Each word's times from the classes predicted at its two `<timestamp>`s."""
-        return self._timings(words, classes, duration_s if clamp_to_audio else math.inf)
 
     def prompt(self, words: Sequence[Word], num_audio_tokens: int) -> list[int]:
         """`<|audio_start|>`, the audio placeholders, `<|audio_end|>`, then each word and its two `<timestamp>`s."""

@@ -234,10 +234,12 @@ class AlignerRunner:
     @torch.inference_mode()
     def _align_many(self, items: Sequence[AlignmentItem]) -> list[list[WordTiming]]:
         results: list[list[WordTiming]] = [[] for _ in items]
-        running = [index for index, item in enumerate(items) if split_words(item.text, item.language)]
+        words = [split_words(item.text, item.language) for item in items]
+        running = [index for index, item_words in enumerate(words) if item_words]
         if not running:
             return results
-        clips = self.aligner.clip_features([items[index] for index in running], is_each_alone=True)
+        clips = self.aligner.clip_features([items[index] for index in running], is_each_alone=True,
+                                           words=[words[index] for index in running])
         for rows in batches_that_fit(clips, range(len(running))):
             batch = pack(clips, rows, self.aligner.tokens.audio_pad)
             bucket = smallest_bucket(batch.num_chunks, batch.num_tokens)
