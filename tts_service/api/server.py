@@ -280,11 +280,11 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         timings to come, when it asked for them."""
         owner = self._owner(context)
         language = word_timestamps_language(self._steps.aligner, request, "word_timestamps")
-        max_chars = self._config.engine.segment_chars
-        if language is not None and len(request.text) > max_chars:
+        engine = self._config.engine
+        if language is not None and engine.is_segmented(request.text):
             # A tracker aligns the audio since its last word against all the text left: bounded for a segment's
             # text, not yet for a document's.
-            raise invalid("word_timestamps", f"are given for texts of at most {max_chars} characters "
+            raise invalid("word_timestamps", f"are given for texts of at most {engine.segment_chars} characters "
                                              "(--max-segment-chars); send a longer text without them, or in parts")
         lexicon = self._steps.request_lexicon(request, owner)
         substituted = None if lexicon is None else lexicon.apply(request.text)

@@ -159,6 +159,10 @@ class EngineConfig:
         """A long text's segment budget: a segment is one generation, which holds at most max_text_chars."""
         return min(self.max_segment_chars, self.max_text_chars)
 
+    def is_segmented(self, text: str) -> bool:
+        """Whether a whole text is spoken segment by segment (the engine's rule, segmented.py, read by the API)."""
+        return len(text) > self.segment_chars
+
     def positions_per_request(self, frame_rate_hz: float) -> int:
         """Room for the longest request: instruction, text and transcript, reference frames, audio frames."""
         if self.max_positions_per_request is not None:
