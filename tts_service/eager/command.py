@@ -1,6 +1,8 @@
 """`qwen3-tts-synthesize`: text -> a WAV file on the eager path, with no server.
 
-Offline (no Hub access) and asked for the default model, it falls back to a tiny random-weight
+A text longer than `--max-segment-chars` (a document: `--file chapter.txt`, or `-` for standard input) is spoken
+segment by segment as the engine speaks it (eager/document.py), each segment written as it is made, with a progress
+bar on a terminal. Offline (no Hub access) and asked for the default model, it falls back to a tiny random-weight
 model and says so: the whole pipeline runs, but the audio is noise.
 """
 
@@ -12,9 +14,12 @@ import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from tts_service.audio.reference import ReferenceAudioError, decode_audio_file
+from tts_service.eager.document import document_segments, synthesize_document
 from tts_service.eager.synthesize import EagerSynthesizer
+from tts_service.engine.config import EngineConfig
 from tts_service.model.checkpoint import CheckpointError, LoadedModel, LoadOptions
 from tts_service.model.loading import load_model
 from tts_service.model.prompts import PromptError, SynthesisInput
@@ -28,7 +33,11 @@ DEFAULT_MAX_SECONDS = 60.0
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Synthesize speech with a Qwen3-TTS 12 Hz model into a WAV file.")
-    parser.add_argument("text")
+    parser.add_argument("text", nargs="?", help="the text to speak (or --file)")
+    parser.add_argument("--file", help="read the text from this file, '-' for standard input: a text longer than "
+                                       "--max-segment-chars is spoken segment by segment, in one voice")
+    parser.add_argument("--max-segment-chars", type=int, default=EngineConfig.max_segment_chars,
+                        help="longest run of whole sentences generated in one go (as the server's flag)")
     parser.add_argument("-o", "--output", type=Path, default=Path("out.wav"))
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="checkpoint directory, Hugging Face repo id, or random:<size>-<type> "
@@ -49,8 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repetition-penalty", type=float)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seconds", type=float,
-                        help=f"cap on generated audio (default {DEFAULT_MAX_SECONDS:g}; with random weights, which "
-                             "never end speech by themselves, about as long as reading the text aloud takes)")
+                        help=f"cap on each generation's audio: the text's, or each segment's of a long one (default "
+                             f"{DEFAULT_MAX_SECONDS:g}, {EngineConfig.max_audio_s:g} for a segment; with random "
+                             "weights, which never end speech by themselves, about as long as reading it takes)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser
 
@@ -70,12 +80,27 @@ def command_params(args: argparse.Namespace, defaults: GenerationParams, max_new
                             max_new_frames=max_new_frames, seed=args.seed)
 
 
-def max_seconds(args: argparse.Namespace, model: LoadedModel) -> float:
+def max_seconds(args: argparse.Namespace, text: str, is_segmented: bool, model: LoadedModel) -> float:
+    """The cap on one generation (a segment of a long text is capped further by reading time or the guards)."""
     if args.max_seconds is not None:
         return args.max_seconds
+    if is_segmented:
+        return EngineConfig.max_audio_s
     if model.is_random:
-        return min(DEFAULT_MAX_SECONDS, estimated_speech_seconds(args.text))
+        return min(DEFAULT_MAX_SECONDS, estimated_speech_seconds(text))
     return DEFAULT_MAX_SECONDS
+
+
+def read_text(args: argparse.Namespace) -> str:
+    """The text to speak, from the command line or `--file` (`-`: standard input)."""
+    if (args.text is None) == (args.file is None):
+        raise ValueError("give the text to speak, or --file, but not both")
+    if args.file is None:
+        return args.text
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    if not text.strip():
+        raise ValueError(f"--file {args.file}: the text is empty")
+    return text
 
 
 def load_with_offline_fallback(source: str, options: LoadOptions) -> LoadedModel:
@@ -97,7 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
     options = LoadOptions.default_for(args.device)
+    import soundfile
+
     try:
+        if args.max_segment_chars < 1:
+            raise ValueError(f"--max-segment-chars must be >= 1, got {args.max_segment_chars}")
+        text = read_text(args)
+        segments = document_segments(text, args.max_segment_chars)
         model = load_with_offline_fallback(args.model, options)
         synthesizer = EagerSynthesizer(model)
         clone = None
@@ -106,21 +137,26 @@ def main(argv: list[str] | None = None) -> int:
             clone = synthesizer.clone_voice(wav, args.reference_text, args.x_vector_only)
         non_streaming = (args.non_streaming_text if args.non_streaming_text is not None
                          else model.config.model_type != "base")
-        item = SynthesisInput(text=args.text, language=args.language, speaker=args.speaker,
+        item = SynthesisInput(text=text, language=args.language, speaker=args.speaker,
                               instruction=args.instruction, clone=clone, non_streaming_mode=non_streaming)
+        cap_s = max_seconds(args, text, len(segments) > 1, model)
         params = command_params(args, params_from_generation_config(model.generation_config),
-                                max(1, round(max_seconds(args, model) * model.speech_config.frame_rate_hz)))
-        result = synthesizer.synthesize([item], [params])[0]
+                                max(1, round(cap_s * model.speech_config.frame_rate_hz)))
+        rate = model.speech_config.output_sample_rate
+        # A bar only on a terminal, and only where there are segments to count.
+        with soundfile.SoundFile(args.output, "w", rate, 1, subtype="PCM_16") as sink, \
+                tqdm(total=len(text), unit="char", disable=None if len(segments) > 1 else True) as progress:
+            result = synthesize_document(synthesizer, item, params, segments, sink.write,
+                                         lambda segment, _: progress.update(segment.end - segment.start))
     except (CheckpointError, PromptError, ReferenceAudioError, ValueError, OSError) as error:
         logger.error("%s", error)
         return 2
-    import soundfile
-
-    soundfile.write(args.output, result.waveform, result.sample_rate, subtype="PCM_16")
-    seconds = len(result.waveform) / result.sample_rate
+    seconds = result.num_frames / model.speech_config.frame_rate_hz
     note = " (random weights: the audio is noise)" if model.is_random else ""
-    sys.stdout.write(f"wrote {args.output}: {seconds:.2f} s of audio, {result.codes.shape[0]} frames, "
-                     f"finish reason {result.finish_reason}{note}\n")
+    pieces = f" in {result.num_segments} segments" if result.num_segments > 1 else ""
+    retried = f", {len(result.retries)} made again ({', '.join(result.retries)})" if result.retries else ""
+    sys.stdout.write(f"wrote {args.output}: {seconds:.2f} s of audio{pieces}, {result.num_frames} frames, "
+                     f"finish reason {result.finish_reason}{retried}{note}\n")
     return 0
 
 

@@ -67,14 +67,19 @@ class SegmentBounds:
         return cls(min_frames=int(EARLY_END_SHARE * seconds * frame_rate_hz), max_frames=min(max_frames, runaway),
                    is_runaway_bound=runaway < max_frames)
 
-    def verdict(self, summary: SynthesisSummary, cap: int) -> str | None:
-        """Why the segment must be made again (`early_end`, `runaway`), or None: it ended within bounds, or at a cap
-        that is not the runaway bound (the generation limit, or what the request had left)."""
-        if summary.finish_reason is FinishReason.STOPPED and summary.num_frames < self.min_frames:
+    def verdict(self, finish_reason: FinishReason, num_frames: int, cap: int) -> str | None:
+        """Why a segment that ended so must be made again (`early_end`, `runaway`), or None: it ended within bounds,
+        or at a cap that is not the runaway bound (the generation limit, or what the request had left)."""
+        if finish_reason is FinishReason.STOPPED and num_frames < self.min_frames:
             return "early_end"
-        if summary.finish_reason is FinishReason.LENGTH and self.is_runaway_bound and cap == self.max_frames:
+        if finish_reason is FinishReason.LENGTH and self.is_runaway_bound and cap == self.max_frames:
             return "runaway"
         return None
+
+
+def segment_seed(seed: int, index: int, attempt: int) -> int:
+    """The seed of a long text's segment `index` at its `attempt`-th making: reproducible from the request's."""
+    return (seed + index + attempt * _RETRY_SEED_STEP) % _SEED_RANGE
 
 
 @dataclass
@@ -170,7 +175,7 @@ class SegmentedRequests:
         frames_left = params.max_new_frames - run.num_frames
         own_cap = door.frames_for(text) if door.bounds_for is None else door.bounds_for(text).max_frames
         cap = max(1, min(frames_left, own_cap))
-        seed = (params.seed + index + attempt * _RETRY_SEED_STEP) % _SEED_RANGE
+        seed = segment_seed(params.seed, index, attempt)
         retry = f".{attempt}" if attempt else ""
         stream = await self._door.submit(dataclasses.replace(
             request, request_id=f"{request.request_id}{SEGMENT_ID_SEPARATOR}{index}{retry}",
@@ -213,7 +218,8 @@ class SegmentedRequests:
             chunks = [chunk async for chunk in segment]
             assert segment.summary is not None
             summary = segment.summary
-            reason = None if bounds is None or run.is_aborted or attempt == 1 else bounds.verdict(summary, cap)
+            reason = None if bounds is None or run.is_aborted or attempt == 1 else bounds.verdict(
+                summary.finish_reason, summary.num_frames, cap)
             if reason is None:
                 offset = run.num_frames
                 for chunk in chunks:
