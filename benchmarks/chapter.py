@@ -69,8 +69,9 @@ def run_chapter(client: TtsClient, text: str, voice: Voice, max_wall_s: float | 
         "num_chunks": len(arrivals), "is_complete": completion is not None,
         "finish_reason": None if completion is None else completion.finish_reason,
         "stalls": {"count": found.count, "total_s": found.total_s, "max_s": found.max_s},
-        # How far generation ran ahead of playback at its closest: the margin a segment boundary left.
-        "min_lead_s": min((arrival.offset_s - arrival.arrival_s + arrivals[0].arrival_s for arrival in arrivals),
+        # How far generation ran ahead of playback at its closest, after the first chunk (which starts playback):
+        # the margin the segments' boundaries left.
+        "min_lead_s": min((arrival.offset_s - arrival.arrival_s + arrivals[0].arrival_s for arrival in arrivals[1:]),
                           default=None),
     }
 

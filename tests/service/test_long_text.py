@@ -1,6 +1,7 @@
 """Long text in one request: a 50,000-character text streams to its end over gRPC, every segment accounted for and
 the audio contiguous across their boundaries; the HTTP door speaks a long text whole; a text over the document
-limit is refused naming it. (tests/engine/test_segmented.py proves the audio equals each segment spoken alone.)"""
+limit is refused naming it; word timestamps time a long text's spoken words in order. (tests/engine/test_segmented.py
+proves the audio equals each segment spoken alone.)"""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server
 from tests.service.processes import free_port
 from tts_service.engine.segmented import FIRST_SEGMENT_SHARE
 from tts_service.engine.segments import split_segments
+from tts_service.model.aligner_text import split_words
 from tts_service.model.checkpoint import LoadedModel
 
 SAMPLES_PER_FRAME = 1920
@@ -92,14 +94,19 @@ def test_a_text_over_the_document_limit_is_refused_naming_the_field_and_the_limi
     assert "text: is 60002 characters long; at most 60000" in refused.value.details()
 
 
-def test_word_timestamps_for_a_text_longer_than_a_segment_are_refused_naming_the_field(
-        tiny_models: dict[str, LoadedModel]) -> None:
+def test_a_text_longer_than_a_segment_gets_its_spoken_words_timed_in_order(tiny_models: dict[str, LoadedModel]) -> None:
     running = start_server(tiny_models["custom_voice"], aligner_model="random:tiny", max_document_chars=5_000,
                            max_text_chars=SEGMENT_CHARS, max_segment_chars=SEGMENT_CHARS, max_audio_seconds=0.16)
+    text = long_text(SEGMENT_CHARS + 200)
     try:
-        with running.client() as tts, pytest.raises(grpc.RpcError) as refused:
-            tts.synthesize(long_text(SEGMENT_CHARS + 200), RYAN, generation=GREEDY, word_timestamps=True)
+        with running.client() as tts:
+            response = tts.synthesize(text, RYAN, AudioFormat("pcm16"), GREEDY, word_timestamps=True)
     finally:
         running.stop()
-    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert refused.value.details().startswith(f"word_timestamps: are given for texts of at most {SEGMENT_CHARS}")
+    words = list(response.words)
+    audio_s = len(response.audio) / 2 / 24000
+    expected = [(word.start_char, word.end_char) for word in split_words(text)]
+    # Two frames a segment say only the first words; those that are timed come in the text's order, none twice.
+    assert words and [(word.start_char, word.end_char) for word in words] == expected[:len(words)]
+    assert all(text[word.start_char:word.end_char] == word.word for word in words)
+    assert all(0.0 <= word.start_seconds <= word.end_seconds <= audio_s + 1e-6 for word in words)

@@ -114,6 +114,58 @@ def test_every_word_comes_once_in_order_with_its_offsets_for_cjk_and_mixed_text(
     assert all(text[word.start_char:word.end_char] == word.word for word in words)
 
 
+def test_a_document_is_aligned_a_few_sentences_at_a_time_and_every_word_comes_once_in_order() -> None:
+    sentences = [f"Sentence number {index} says a few words more." for index in range(400)]
+    text = " ".join(sentences)  # about 18,000 characters: twenty minutes of speech
+    aligner = PacedAligner(0.3)
+
+    async def scenario() -> list[TimedWord]:
+        tracker = WordTracker(aligner.align, RATE, None, text, is_text_closed=True)
+        words = []
+        for _ in range(300):  # 30 s of audio, then the request ends
+            words += feed(tracker, 0.1)
+            await asyncio.sleep(0)
+        await tracker.finish()
+        return words + list(tracker.take_words())
+
+    words = run(scenario())
+    # Each window's text is what its audio could say and a look-ahead, never the document: a few sentences.
+    assert max(len(window_text) for window_text, _ in aligner.windows) < 2000
+    assert max(duration for _, duration in aligner.windows) <= 30.0
+    # 0.3 s a word (a little less: each window paces from the last word's end), so about a hundred words in 30 s.
+    # When the request ends, the words its audio could still have said are squeezed onto its end (as the aligner
+    # places them); the rest of the document gets none.
+    expected = split_words(text)
+    assert [word.start_char for word in words] == [word.start_char for word in expected[:len(words)]]
+    spoken = [word for word in words if word.end_s < 30.0]
+    assert 95 <= len(spoken) <= 110 and len(words) < 200 < len(expected)
+    assert all(word.end_s == 30.0 for word in words[len(spoken):])
+    assert all(a.end_s <= b.start_s for a, b in itertools.pairwise(words))
+
+
+def test_a_window_that_never_commits_is_cut_at_its_longest_and_its_first_sentence_committed() -> None:
+    """Random weights place words anywhere: the tracker must not wait for a commit that never comes."""
+    text = " ".join(f"Sentence {index} runs on." for index in range(200))
+    windows: list[float] = []
+
+    async def late(item: AlignmentItem) -> list[WordTiming]:  # every word at the window's very end
+        duration = item.audio.shape[0] / item.sample_rate
+        windows.append(duration)
+        return [WordTiming(word.start_char, word.end_char, duration, duration) for word in split_words(item.text)]
+
+    async def scenario() -> list[TimedWord]:
+        tracker = WordTracker(late, RATE, None, text, is_text_closed=True)
+        words = []
+        for _ in range(900):  # 90 s
+            words += feed(tracker, 0.1)
+            await asyncio.sleep(0)
+        return words
+
+    words = run(scenario())
+    assert max(windows) <= 30.0
+    assert words and [word.word for word in words[:4]] == ["Sentence", "0", "runs", "on"]
+
+
 # -- the service, with the random tiny aligner --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from observability.tracing import CallTracer
 from qwen3_tts.v1.protocol import SERVICE_NAME, tts_pb2, tts_pb2_grpc
 from tts_service.api.callers import Credentials
 from tts_service.api.config import ServerConfig
-from tts_service.api.errors import answering_errors, invalid
+from tts_service.api.errors import answering_errors
 from tts_service.api.http_connections import ConnectionGuard, ConnectionLimits, bound_http_logs
 from tts_service.api.interceptors import (
     AdmissionInterceptor,
@@ -280,12 +280,6 @@ class TextToSpeechService(tts_pb2_grpc.TextToSpeechServicer):
         timings to come, when it asked for them."""
         owner = self._owner(context)
         language = word_timestamps_language(self._steps.aligner, request, "word_timestamps")
-        engine = self._config.engine
-        if language is not None and engine.is_segmented(request.text):
-            # A tracker aligns the audio since its last word against all the text left: bounded for a segment's
-            # text, not yet for a document's.
-            raise invalid("word_timestamps", f"are given for texts of at most {engine.segment_chars} characters "
-                                             "(--max-segment-chars); send a longer text without them, or in parts")
         lexicon = self._steps.request_lexicon(request, owner)
         substituted = None if lexicon is None else lexicon.apply(request.text)
         spoken = request.text if substituted is None else substituted.spoken

@@ -5,20 +5,25 @@ The forced aligner (`tts_service.model.aligner`, loaded with `--aligner-model`) 
 aligns the open windows of every request that asked together, a batch at a time (`EngineDoor.align_words`, see
 `tts_service.engine.aligner_worker`). Each request's `WordTracker` keeps its text as the client sent it and its
 audio as it is generated, and aligns the window that starts where its last committed word ended: the audio since
-then against the text not yet committed. Words are committed a sentence at a time, once the aligner places the
-sentence's last word at least `_MARGIN_S` before the end of the audio so far (the model has moved on to the next
-sentence); when the request ends, the rest is committed. A window is aligned only when it can hold such a
-sentence: one that more text follows, whose audio at a fast pace would fit in the window; after an alignment that
+then against the text not yet committed, as far as that audio can have said it. Words are committed a sentence at a
+time, once the aligner places the sentence's last word at least `_MARGIN_S` before the end of the audio so far (the
+model has moved on to the next sentence); when the request ends, the rest is committed. A window is aligned only
+once it could hold the first uncommitted sentence that more text follows, at a fast pace; after an alignment that
 commits nothing the window must double first. So timings trail their audio by about a sentence, playback never
-waits for them, every word of the text gets one, and the aligner runs about once a sentence. The aligner reads
-whole sentences, so the words it places are the ones it would place in one pass over the whole text, give or take
-the window's edges.
+waits for them, every spoken word of the text gets one, and the aligner runs about once a sentence.
+
+A document (a text spoken in segments, up to a book chapter) is tracked the same way, with two bounds that keep
+each alignment the size of a few sentences whatever the length: the text a window is aligned against stops at the
+first sentence end past what its audio could say at a fast pace plus `_LOOKAHEAD_S`, and a window's audio is at
+most `_MAX_WINDOW_S`; a window that reaches it commits at least its first sentence, so the tracker never falls
+further behind (random weights, whose timings are noise, commit nothing on their own).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +47,12 @@ _MARGIN_S = 0.3
 _FAST_LATIN_CHARS_PER_S = 25.0
 _FAST_CJK_CHARS_PER_S = 10.0
 _RETRY_GROWTH = 2.0
+# The text a window is aligned against runs this far (at a fast pace) past what its audio can have said, and its
+# audio is at most this long: a few sentences either way, well inside the aligner's largest captured batch (64 s).
+_LOOKAHEAD_S = 10.0
+_MAX_WINDOW_S = 30.0
+# How far past the text's bound a sentence end is looked for before the text is cut at a word instead.
+_MAX_SENTENCE_SEARCH_CHARS = 2000
 # Languages whose words the aligner cuts with tools of its own, which are not here (see aligner_text).
 _UNSUPPORTED_LANGUAGES = frozenset({"japanese", "korean"})
 
@@ -142,35 +153,48 @@ class WordTracker:
             await asyncio.gather(self._aligning, return_exceptions=True)
 
     def _is_worth_aligning(self) -> bool:
-        """Whether the window could hold a whole spoken sentence that is not yet committed."""
+        """Whether the window could hold the first spoken sentence that is not yet committed."""
         window = self._num_samples - self._window_start
         if window < self._next_attempt_samples:
             return False
-        text = self._open_text()
-        end = _last_sentence_end_before_more(text)
+        text = self._open_text(window / self._sample_rate)
+        end = _first_sentence_end_before_more(text)
         return end > 0 and window >= (_fastest_speech_s(text[:end]) + _MARGIN_S) * self._sample_rate
 
-    def _open_text(self) -> str:
-        """The text not yet committed, up to its last complete word (all of it once the text is closed)."""
-        text = self.text[self._committed_chars:]
-        if self._is_text_closed:
+    def _open_text(self, window_s: float) -> str:
+        """The text not yet committed, as far as a window of `window_s` can have said it (see the module's
+        docstring), up to its last complete word (all of it once the text is closed and within the bound)."""
+        start = self._committed_chars
+        # Fast speech says fewer than this many characters a second, spaces and punctuation included.
+        max_chars = math.ceil((window_s + _LOOKAHEAD_S) * _FAST_LATIN_CHARS_PER_S * 2)
+        text = self.text[start:start + max_chars + _MAX_SENTENCE_SEARCH_CHARS]
+        end = _sentence_end_past(text, window_s + _LOOKAHEAD_S)
+        if end is not None:
+            return text[:end]
+        if self._is_text_closed and start + len(text) == len(self.text):
             return text
         return text[:_last_word_break(text)]
 
     async def _align_window(self, is_final: bool) -> None:
         try:
             while True:
-                text = self._open_text()
                 audio = self._window_audio()
                 window_s = audio.shape[0] / self._sample_rate
+                text = self._open_text(window_s)
                 if not text.strip() or audio.shape[0] < self._sample_rate // 50:
                     if is_final:
                         self._committed_chars = len(self.text)
                     return
                 words = await self._align(AlignmentItem(audio, self._sample_rate, text, self._language))
-                is_committed = self._commit(words, text, window_s, is_final)
+                is_whole = is_final and self._committed_chars + len(text) == len(self.text)
+                is_full = window_s >= _MAX_WINDOW_S
+                is_committed = self._commit(words, text, window_s, is_final, is_whole, is_full)
                 self._next_attempt_samples = 0 if is_committed else round(audio.shape[0] * _RETRY_GROWTH)
-                if is_final or not self._is_worth_aligning():
+                if not is_final and not self._is_worth_aligning():
+                    return
+                if is_final and (is_whole or not is_committed):
+                    if not is_whole:  # the audio is spent: the words left were never spoken
+                        self._committed_chars = len(self.text)
                     return
         finally:
             if not is_final:
@@ -180,11 +204,18 @@ class WordTracker:
         if len(self._chunks) > 1:
             self._chunks = [np.concatenate(self._chunks)]
         audio = self._chunks[0] if self._chunks else np.zeros(0, dtype=np.float32)
-        return audio[self._window_start:self._num_samples]
+        end = min(self._num_samples, self._window_start + round(_MAX_WINDOW_S * self._sample_rate))
+        return audio[self._window_start:end]
 
-    def _commit(self, words: Sequence[WordTiming], text: str, window_s: float, is_final: bool) -> bool:
-        """Commit the words of the window's complete, spoken sentences (all of them when final); whether any."""
-        end = len(text) if is_final else self._spoken_sentences_end(words, text, window_s)
+    def _commit(self, words: Sequence[WordTiming], text: str, window_s: float, is_final: bool, is_whole: bool,
+                is_full: bool) -> bool:
+        """Commit the words of the window's complete, spoken sentences (all of them when `is_whole`; at least the
+        first when the window `is_full`; once the request has ended, those that end by the audio's end); whether
+        any."""
+        spoken_until = window_s - (0.0 if is_final else _MARGIN_S)
+        end = len(text) if is_whole else self._spoken_sentences_end(words, text, spoken_until)
+        if end == 0 and is_full:
+            end = _first_sentence_end_before_more(text) or len(text)
         chosen = [word for word in words if word.end_char <= end]
         if not chosen:
             return False
@@ -193,7 +224,8 @@ class WordTracker:
                                     word.end_char + offset_chars, word.start_s + offset_s, word.end_s + offset_s)
                           for word in chosen)
         following = next((word.start_char for word in words if word.end_char > end), len(text))
-        self._committed_chars += following if not is_final else len(text)
+        self._committed_chars += following
+        # Never backwards: a window's words start at or after its start.
         self._window_start += round(chosen[-1].end_s * self._sample_rate)
         self._ready += committed if self._mapping is None else self._as_sent(committed)
         return True
@@ -211,9 +243,8 @@ class WordTracker:
         return named
 
     @staticmethod
-    def _spoken_sentences_end(words: Sequence[WordTiming], text: str, window_s: float) -> int:
-        """The end of the last sentence whose words all end at least the margin before the window does; 0: none."""
-        spoken_until = window_s - _MARGIN_S
+    def _spoken_sentences_end(words: Sequence[WordTiming], text: str, spoken_until: float) -> int:
+        """The end of the last sentence whose words all end by `spoken_until`; 0: none."""
         best = 0
         for match in _SENTENCE_END.finditer(text):
             sentence_words = [word for word in words if word.end_char <= match.end()]
@@ -225,11 +256,23 @@ class WordTracker:
 
 
 
-def _last_sentence_end_before_more(text: str) -> int:
-    """The end of the text's last sentence that more text follows (0: none). The last sentence of what is known
+def _first_sentence_end_before_more(text: str) -> int:
+    """The end of the text's first sentence that more text follows (0: none). The last sentence of what is known
     is timed when more text comes or the request ends: before that its words could be the last it speaks."""
-    ends = [match.end() for match in _SENTENCE_END.finditer(text) if text[match.end():].strip()]
-    return ends[-1] if ends else 0
+    return next((match.end() for match in _SENTENCE_END.finditer(text) if text[match.end():].strip()), 0)
+
+
+def _sentence_end_past(text: str, seconds: float) -> int | None:
+    """The first sentence end of `text` past which reading it at a fast pace takes longer than `seconds`; None if
+    the whole of it takes less."""
+    spoken_s = 0.0
+    start = 0
+    for match in _SENTENCE_END.finditer(text):
+        spoken_s += _fastest_speech_s(text[start:match.end()])
+        start = match.end()
+        if spoken_s > seconds and text[start:].strip():
+            return start
+    return None
 
 
 def _fastest_speech_s(text: str) -> float:
