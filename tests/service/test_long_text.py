@@ -110,3 +110,20 @@ def test_a_text_longer_than_a_segment_gets_its_spoken_words_timed_in_order(tiny_
     assert words and [(word.start_char, word.end_char) for word in words] == expected[:len(words)]
     assert all(text[word.start_char:word.end_char] == word.word for word in words)
     assert all(0.0 <= word.start_seconds <= word.end_seconds <= audio_s + 1e-6 for word in words)
+
+
+def test_a_streamed_utterance_longer_than_a_segment_streams_to_its_end_as_one(client: TtsClient) -> None:
+    text = long_text(3 * SEGMENT_CHARS)  # three times --max-text-chars: one generation could not hold it
+    fragments = [text[start:start + 17] for start in range(0, len(text), 17)]
+    offsets, completion = [], None
+    for response in client.streaming_synthesize(fragments, RYAN, AudioFormat("pcm16"), GREEDY, timeout=120):
+        if response.chunk.num_samples:
+            offsets.append((response.chunk.offset_samples, response.chunk.num_samples))
+        if response.HasField("completion"):
+            completion = response.completion
+    assert completion is not None
+    # Each segment runs to its two frames (--max-audio-seconds 0.16); at least three segments, back to back.
+    frames = completion.usage.audio_frames
+    assert frames % FRAMES_PER_SEGMENT == 0 and frames >= 3 * FRAMES_PER_SEGMENT
+    assert offsets[0][0] == 0 and sum(count for _, count in offsets) == frames * SAMPLES_PER_FRAME
+    assert all(start + count == following for (start, count), (following, _) in itertools.pairwise(offsets))

@@ -59,8 +59,9 @@ def generation_params(message: Any, config: ServerConfig, model: ModelInfo, text
     still arriving)."""
     defaults = model.default_params
     engine = config.engine
-    # A text spoken segment by segment may run to the document limit in all; the engine caps each segment.
-    is_segmented = text is not None and engine.is_segmented(text)
+    # A text spoken segment by segment may run to the document limit in all, and so may streamed text, which is
+    # once it runs past a segment; the engine caps each segment.
+    is_segmented = text is None or engine.is_segmented(text)
     ceiling = engine.max_document_audio_s if is_segmented else engine.max_audio_s
     max_seconds = (message.max_audio_seconds if message.HasField("max_audio_seconds")
                    else ceiling if is_segmented else model.default_audio_seconds(text, ceiling))

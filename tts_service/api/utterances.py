@@ -139,9 +139,11 @@ class UtteranceCall:
         if utterance.is_text_closed:
             raise invalid("utterance_id", f"utterance {utterance_id!r} is closed; open a new one with a new id")
         utterance.num_text_chars += len(fragment)
-        max_chars = self._steps.config.engine.max_text_chars
+        # A longer utterance is spoken segment by segment (the engine's streamed_segments.py), as a whole text is.
+        max_chars = self._steps.config.engine.max_document_chars
         if utterance.num_text_chars > max_chars:
-            raise invalid("text", f"the streamed text of utterance {utterance_id!r} exceeds {max_chars} characters")
+            raise invalid("text", f"the streamed text of utterance {utterance_id!r} exceeds {max_chars} characters "
+                                  "(--max-document-chars)")
         if utterance is self._first:
             self._record.num_text_chars = utterance.num_text_chars
         spoken = fragment if utterance.substitution is None else utterance.substitution.append(fragment)

@@ -50,6 +50,7 @@ from tts_service.engine.step_work import (
     run_step,
     start_frames,
 )
+from tts_service.engine.streamed_segments import SegmentOutput, StreamedSegmentDoor, StreamedSegmentedRequests
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.text_stream import IncrementalTokenizer, TextTokenization
 from tts_service.engine.voice_files import RegisteredVoice, VoiceShape
@@ -219,6 +220,9 @@ class Engine(StepObservers):
             max_frames=max_segment_frames or 2**31)
         self._segmented = SegmentedRequests(max_segment_chars, SegmentDoor(
             self._submit_segment, self.abort, self.set_output_paused, self._segment_frames, bounds))
+        self._streamed = StreamedSegmentedRequests(max_segment_chars, StreamedSegmentDoor(
+            self._submit_streamed_segment, self._append_live_text, self._close_live_text, self._abort_live,
+            self._pause_live, max_segment_frames or 2**31))
         self._max_segment_frames = max_segment_frames
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False
@@ -281,6 +285,7 @@ class Engine(StepObservers):
             await self._task
             self._task = None
         await self._segmented.close()
+        await self._streamed.close()
         self._executor.shutdown(wait=True)
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
         self._prompt_executor.shutdown(wait=False, cancel_futures=True)
@@ -330,7 +335,11 @@ class Engine(StepObservers):
         QueueFullError / RequestTooLargeError when there is no room; nothing is queued then.
 
         A whole text is tokenized in a worker thread, so that a long one never stalls the event loop; one longer
-        than a segment is spoken segment by segment (segmented.py), as one request to its caller."""
+        than a segment is spoken segment by segment (segmented.py), as one request to its caller, and so is
+        streamed text once it runs past a segment (streamed_segments.py)."""
+        if request.is_text_open:
+            self._check_submittable(request)
+            return await self._streamed.submit(request, self._new_stream(request.request_id))
         if self._segmented.is_segmented(request):
             self._check_submittable(request)
             return await self._segmented.submit(request, self._new_stream(request.request_id))
@@ -339,6 +348,11 @@ class Engine(StepObservers):
     async def _submit_segment(self, request: SynthesisRequest) -> RequestStream:
         """One segment of a segmented request: its stream is read in this process, by the request's run."""
         return await self._submit_one(request, self._local_stream)
+
+    async def _submit_streamed_segment(self, request: SynthesisRequest, into: RequestStream,
+                                       frame_offset: int) -> RequestStream:
+        """One segment of a request with streamed text: its audio goes on into the request's stream."""
+        return await self._submit_one(request, lambda segment_id: SegmentOutput(segment_id, into, frame_offset))
 
     async def _submit_one(self, request: SynthesisRequest,
                           new_stream: Callable[[str], RequestStream]) -> RequestStream:
@@ -363,7 +377,8 @@ class Engine(StepObservers):
     def _check_submittable(self, request: SynthesisRequest) -> None:
         if not self.is_running:
             raise EngineStoppedError("the engine is not running")
-        if request.request_id in self._live or self._segmented.owns(request.request_id):
+        if (request.request_id in self._live or self._segmented.owns(request.request_id)
+                or self._streamed.owns(request.request_id)):
             raise ValueError(f"request id {request.request_id!r} is already in use")
 
     def _local_stream(self, request_id: str) -> RequestStream:
@@ -376,6 +391,19 @@ class Engine(StepObservers):
 
     def append_text(self, request_id: str, fragment: str) -> None:
         """More text for an open request. Unknown or finished ids are ignored (the stream has ended)."""
+        if self._streamed.owns(request_id):
+            self._streamed.append_text(request_id, fragment)
+        else:
+            self._append_live_text(request_id, fragment)
+
+    def close_text(self, request_id: str) -> None:
+        """The open request's text is complete."""
+        if self._streamed.owns(request_id):
+            self._streamed.close_text(request_id)
+        else:
+            self._close_live_text(request_id)
+
+    def _append_live_text(self, request_id: str, fragment: str) -> None:
         live = self._live.get(request_id)
         if live is None or not fragment:
             return
@@ -384,8 +412,7 @@ class Engine(StepObservers):
         live.received_text += fragment
         self._add_text_ids(live, live.text.append(fragment), is_closed=False)
 
-    def close_text(self, request_id: str) -> None:
-        """The open request's text is complete."""
+    def _close_live_text(self, request_id: str) -> None:
         live = self._live.get(request_id)
         if live is None or live.text is None or live.text.is_closed:
             return
@@ -450,7 +477,12 @@ class Engine(StepObservers):
     def abort(self, request_id: str) -> None:
         if self._segmented.owns(request_id):
             self._segmented.abort(request_id)
-            return
+        elif self._streamed.owns(request_id):
+            self._streamed.abort(request_id)
+        else:
+            self._abort_live(request_id)
+
+    def _abort_live(self, request_id: str) -> None:
         live = self._live.get(request_id)
         if live is None:
             return
@@ -464,7 +496,12 @@ class Engine(StepObservers):
         """The request's reader fell behind (pause it) or caught up (resume it)."""
         if self._segmented.owns(request_id):
             self._segmented.set_output_paused(request_id, is_paused)
-            return
+        elif self._streamed.owns(request_id):
+            self._streamed.set_output_paused(request_id, is_paused)
+        else:
+            self._pause_live(request_id, is_paused)
+
+    def _pause_live(self, request_id: str, is_paused: bool) -> None:
         self.scheduler.set_output_paused(request_id, is_paused)
         self._wake.set()
 

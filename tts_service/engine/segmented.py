@@ -236,17 +236,22 @@ class SegmentedRequests:
         return segment.summary
 
     def _summary(self, run: _Run) -> SynthesisSummary:
-        """The segments' summaries as the request's: the last one's ending, every frame, the whole timeline."""
-        first, last = run.summaries[0], run.summaries[-1]
-        codes = [summary.codes for summary in run.summaries if summary.codes.size]
-        timeline = RequestTimeline(arrival=first.timeline.arrival, admitted=first.timeline.admitted,
-                                   first_frame=first.timeline.first_frame, first_audio=first.timeline.first_audio,
-                                   finished=last.timeline.finished)
-        finish_reason = last.finish_reason
-        if run.is_aborted and finish_reason is not FinishReason.ERROR:
-            finish_reason = FinishReason.ABORTED
-        return SynthesisSummary(
-            request_id=run.request.request_id, finish_reason=finish_reason, num_frames=run.num_frames,
-            num_text_tokens=sum(summary.num_text_tokens for summary in run.summaries),
-            codes=np.concatenate(codes) if codes else first.codes, timeline=timeline, error=last.error,
-            segment_retries=tuple(run.retries))
+        return joined_summary(run.request.request_id, run.summaries, run.retries, run.is_aborted)
+
+
+def joined_summary(request_id: str, summaries: list[SynthesisSummary], retries: list[str],
+                   is_aborted: bool) -> SynthesisSummary:
+    """The segments' summaries as their request's: the last one's ending, every frame, the whole timeline."""
+    first, last = summaries[0], summaries[-1]
+    codes = [summary.codes for summary in summaries if summary.codes.size]
+    timeline = RequestTimeline(arrival=first.timeline.arrival, admitted=first.timeline.admitted,
+                               first_frame=first.timeline.first_frame, first_audio=first.timeline.first_audio,
+                               finished=last.timeline.finished)
+    finish_reason = last.finish_reason
+    if is_aborted and finish_reason is not FinishReason.ERROR:
+        finish_reason = FinishReason.ABORTED
+    return SynthesisSummary(
+        request_id=request_id, finish_reason=finish_reason, num_frames=sum(summary.num_frames for summary in summaries),
+        num_text_tokens=sum(summary.num_text_tokens for summary in summaries),
+        codes=np.concatenate(codes) if codes else first.codes, timeline=timeline, error=last.error,
+        segment_retries=tuple(retries))

@@ -61,6 +61,16 @@ def split_segments(text: str, max_chars: int, first_chars: int | None = None) ->
     return segments
 
 
+def sentence_ends(text: str) -> list[int]:
+    """Where each sentence of `text` ends, the spaces after it included (the end of a text that goes on may not be
+    one yet)."""
+    ends = []
+    for match in _SENTENCE_END.finditer(text):
+        spaces = _SPACES.match(text, match.end())
+        ends.append(spaces.end() if spaces is not None else match.end())
+    return ends
+
+
 def _has_words(piece: str) -> bool:
     return any(character.isalnum() for character in piece)
 
