@@ -559,8 +559,8 @@ def _print_voices(response: Any) -> None:
         name = encodings.values_by_number[support.encoding].name.removeprefix("AUDIO_ENCODING_").lower()
         lines.append(f"{name}: {rates} Hz ({support.mime_type})")
     limits = response.limits
-    lines.append(f"limits: {limits.max_document_chars} characters a text (spoken in segments of up to "
-                 f"{limits.max_segment_chars}), {limits.max_text_chars} a streamed utterance; "
+    lines.append(f"limits: {limits.max_document_chars} characters a text or a streamed utterance (spoken in "
+                 f"segments of up to {limits.max_segment_chars}); "
                  f"{limits.max_audio_seconds:g} s of audio a generation, "
                  f"{limits.max_document_audio_seconds:g} s a text")
     lines += [f"registered voice: {describe_voice(voice)}" for voice in response.registered_voices]

@@ -234,8 +234,8 @@ function describeVoices(response) {
     lines.push(`${shortEncoding(support.encoding)}: ${support.sample_rates.join(', ')} Hz (${support.mime_type})`);
   }
   const limits = response.limits ?? {};
-  lines.push(`limits: ${limits.max_document_chars} characters a text (spoken in segments of up to ${limits.max_segment_chars}), `
-    + `${limits.max_text_chars} a streamed utterance; ${limits.max_audio_seconds} s of audio a generation, `
+  lines.push(`limits: ${limits.max_document_chars} characters a text or a streamed utterance (spoken in segments `
+    + `of up to ${limits.max_segment_chars}); ${limits.max_audio_seconds} s of audio a generation, `
     + `${limits.max_document_audio_seconds} s a text`);
   return `${lines.join('\n')}\n`;
 }
