@@ -23,11 +23,13 @@ deadline-ended one ends it there.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import dataclasses
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -117,19 +119,66 @@ class SegmentDoor:
     bounds_for: Callable[[str], SegmentBounds] | None
 
 
-class SegmentedRequests:
-    """The engine's segmented requests (see the module's docstring)."""
+class RunningSegments(abc.ABC):
+    """The runs of one kind of segmented request, by request id, with abort and pausing routed to a run's running
+    segment (`_segment_abort`, `_segment_pause`: the engine's calls for one segment). A run has `current_id` (None
+    between segments), `is_aborted` and `is_paused`."""
 
-    def __init__(self, max_segment_chars: int, door: SegmentDoor) -> None:
-        self.max_segment_chars = max_segment_chars
-        self._door = door
-        self._runs: dict[str, _Run] = {}
-
-    def is_segmented(self, request: SynthesisRequest) -> bool:
-        return not request.is_text_open and len(request.synthesis.text) > self.max_segment_chars
+    def __init__(self, segment_abort: Callable[[str], None],
+                 segment_pause: Callable[[str, bool], None]) -> None:
+        self._segment_abort = segment_abort
+        self._segment_pause = segment_pause
+        self._runs: dict[str, Any] = {}
 
     def owns(self, request_id: str) -> bool:
         return request_id in self._runs
+
+    def abort(self, request_id: str) -> None:
+        run = self._runs.get(request_id)
+        if run is None or run.is_aborted:
+            return
+        run.is_aborted = True
+        if run.current_id is not None:
+            self._segment_abort(run.current_id)
+
+    def set_output_paused(self, request_id: str, is_paused: bool) -> None:
+        run = self._runs.get(request_id)
+        if run is None:
+            return
+        run.is_paused = is_paused
+        if run.current_id is not None:
+            self._segment_pause(run.current_id, is_paused)
+
+    async def _speak_to_the_end(self, run: Any, segments: Awaitable[None]) -> None:
+        """Speak the run's segments (`segments` adds each one's summary to `run.summaries`), then end the request's
+        stream with their summary, or with what failed one of them."""
+        try:
+            await segments
+            run.stream.finish(self._summary(run))
+        except RequestFailed as error:
+            run.summaries.append(error.summary)
+            run.stream.fail(RequestFailed(self._summary(run)))
+        except Exception as error:  # the engine refused a later segment, or stopped: the request ends with it
+            run.stream.fail(error)
+        finally:
+            run.current_id = None
+            self._runs.pop(run.request.request_id, None)
+
+    @abc.abstractmethod
+    def _summary(self, run: Any) -> SynthesisSummary:
+        """The request's summary from its segments'."""
+
+
+class SegmentedRequests(RunningSegments):
+    """The engine's segmented requests (see the module's docstring)."""
+
+    def __init__(self, max_segment_chars: int, door: SegmentDoor) -> None:
+        super().__init__(door.abort, door.set_output_paused)
+        self.max_segment_chars = max_segment_chars
+        self._door = door
+
+    def is_segmented(self, request: SynthesisRequest) -> bool:
+        return not request.is_text_open and len(request.synthesis.text) > self.max_segment_chars
 
     async def submit(self, request: SynthesisRequest, stream: RequestStream) -> RequestStream:
         """Queue the request's first segment (raising what the engine raises for it, with nothing queued) and
@@ -142,25 +191,9 @@ class SegmentedRequests:
         run = _Run(request, stream, segments or [Segment(0, len(request.synthesis.text))])
         first, _ = await self._start_segment(run, 0, attempt=0)
         self._runs[request.request_id] = run
-        run.task = asyncio.get_running_loop().create_task(self._speak(run, first),
+        run.task = asyncio.get_running_loop().create_task(self._speak_to_the_end(run, self._speak(run, first)),
                                                           name=f"segmented {request.request_id}")
         return stream
-
-    def abort(self, request_id: str) -> None:
-        run = self._runs.get(request_id)
-        if run is None or run.is_aborted:
-            return
-        run.is_aborted = True
-        if run.current_id is not None:
-            self._door.abort(run.current_id)
-
-    def set_output_paused(self, request_id: str, is_paused: bool) -> None:
-        run = self._runs.get(request_id)
-        if run is None:
-            return
-        run.is_paused = is_paused
-        if run.current_id is not None:
-            self._door.set_output_paused(run.current_id, is_paused)
 
     async def close(self) -> None:
         """The engine stops: every run ends (its running segment has failed with the engine)."""
@@ -190,23 +223,13 @@ class SegmentedRequests:
         return stream, cap
 
     async def _speak(self, run: _Run, first: RequestStream) -> None:
-        try:
-            for index in range(len(run.segments)):
-                summary = await (self._relay(run, first) if index == 0 else self._made_and_accepted(run, index))
-                run.summaries.append(summary)
-                if summary.finish_reason is FinishReason.ABORTED or run.is_aborted:
-                    break
-                if run.num_frames >= run.request.params.max_new_frames:
-                    break
-            run.stream.finish(self._summary(run))
-        except RequestFailed as error:
-            run.summaries.append(error.summary)
-            run.stream.fail(RequestFailed(self._summary(run)))
-        except Exception as error:  # the engine refused a later segment, or stopped: the request ends with it
-            run.stream.fail(error)
-        finally:
-            run.current_id = None
-            self._runs.pop(run.request.request_id, None)
+        for index in range(len(run.segments)):
+            summary = await (self._relay(run, first) if index == 0 else self._made_and_accepted(run, index))
+            run.summaries.append(summary)
+            if summary.finish_reason is FinishReason.ABORTED or run.is_aborted:
+                break
+            if run.num_frames >= run.request.params.max_new_frames:
+                break
 
     async def _made_and_accepted(self, run: _Run, index: int) -> SynthesisSummary:
         """A later segment, held back until it is complete; made again once if a guard refuses it. Its audio goes

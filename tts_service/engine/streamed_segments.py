@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from scheduler.request import FinishReason
-from tts_service.engine.segmented import SEGMENT_ID_SEPARATOR, joined_summary, segment_seed
+from tts_service.engine.segmented import SEGMENT_ID_SEPARATOR, RunningSegments, joined_summary, segment_seed
 from tts_service.engine.segments import sentence_ends
-from tts_service.engine.streams import AudioChunk, RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 
 
 class SegmentOutput(RequestStream):
@@ -73,23 +73,20 @@ class _Run:
         return sum(summary.num_frames for summary in self.summaries)
 
 
-class StreamedSegmentedRequests:
+class StreamedSegmentedRequests(RunningSegments):
     """The engine's requests with streamed text (see the module's docstring)."""
 
     def __init__(self, max_segment_chars: int, door: StreamedSegmentDoor) -> None:
+        super().__init__(door.abort, door.set_output_paused)
         self.max_segment_chars = max_segment_chars
         self._door = door
-        self._runs: dict[str, _Run] = {}
-
-    def owns(self, request_id: str) -> bool:
-        return request_id in self._runs
 
     async def submit(self, request: SynthesisRequest, stream: RequestStream) -> RequestStream:
         """Queue the request's first segment, raising what the engine raises for it with nothing queued."""
         run = _Run(request, stream)
         first = await self._start_segment(run)
         self._runs[request.request_id] = run
-        run.task = asyncio.get_running_loop().create_task(self._speak(run, first),
+        run.task = asyncio.get_running_loop().create_task(self._speak_to_the_end(run, self._speak(run, first)),
                                                           name=f"streamed {request.request_id}")
         return stream
 
@@ -117,21 +114,10 @@ class StreamedSegmentedRequests:
                 self._door.close_text(run.current_id)
 
     def abort(self, request_id: str) -> None:
+        super().abort(request_id)
         run = self._runs.get(request_id)
-        if run is None or run.is_aborted:
-            return
-        run.is_aborted = True
-        run.has_text.set()
-        if run.current_id is not None:
-            self._door.abort(run.current_id)
-
-    def set_output_paused(self, request_id: str, is_paused: bool) -> None:
-        run = self._runs.get(request_id)
-        if run is None:
-            return
-        run.is_paused = is_paused
-        if run.current_id is not None:
-            self._door.set_output_paused(run.current_id, is_paused)
+        if run is not None:
+            run.has_text.set()  # a run waiting for its next segment's text ends
 
     async def close(self) -> None:
         """The engine stops: every run ends (its running segment has failed with the engine)."""
@@ -200,26 +186,16 @@ class StreamedSegmentedRequests:
         return segment
 
     async def _speak(self, run: _Run, segment: RequestStream) -> None:
-        try:
-            while True:
-                async for _ in segment:  # a segment's audio has gone on into the request's stream
-                    pass
-                assert segment.summary is not None
-                run.summaries.append(segment.summary)
-                run.current_id = None
-                if not await self._has_more(run, segment.summary):
-                    break
-                run.index += 1
-                segment = await self._start_segment(run)
-            run.stream.finish(self._summary(run))
-        except RequestFailed as error:
-            run.summaries.append(error.summary)
-            run.stream.fail(RequestFailed(self._summary(run)))
-        except Exception as error:  # the engine refused a later segment, or stopped: the request ends with it
-            run.stream.fail(error)
-        finally:
+        while True:
+            async for _ in segment:  # a segment's audio has gone on into the request's stream
+                pass
+            assert segment.summary is not None
+            run.summaries.append(segment.summary)
             run.current_id = None
-            self._runs.pop(run.request.request_id, None)
+            if not await self._has_more(run, segment.summary):
+                return
+            run.index += 1
+            segment = await self._start_segment(run)
 
     async def _has_more(self, run: _Run, summary: SynthesisSummary) -> bool:
         """Whether another segment follows the one that just ended: it was cut, the request may still speak, and
