@@ -119,16 +119,21 @@ def test_a_document_is_aligned_a_few_sentences_at_a_time_and_every_word_comes_on
     text = " ".join(sentences)  # about 18,000 characters: twenty minutes of speech
     aligner = PacedAligner(0.3)
 
+    buffered: list[float] = []
+
     async def scenario() -> list[TimedWord]:
         tracker = WordTracker(aligner.align, RATE, None, text, is_text_closed=True)
         words = []
         for _ in range(300):  # 30 s of audio, then the request ends
             words += feed(tracker, 0.1)
             await asyncio.sleep(0)
+            buffered.append(tracker.buffered_seconds)
         await tracker.finish()
         return words + list(tracker.take_words())
 
     words = run(scenario())
+    # Only the open window's audio is kept, never the document's.
+    assert max(buffered) < 5.0
     # Each window's text is what its audio could say and a look-ahead, never the document: a few sentences.
     assert max(len(window_text) for window_text, _ in aligner.windows) < 2000
     assert max(duration for _, duration in aligner.windows) <= 30.0

@@ -113,7 +113,8 @@ class WordTracker:
         self._ready: list[TimedWord] = []
         self.text = text
         self._is_text_closed = is_text_closed
-        self._chunks: list[np.ndarray] = []
+        self._chunks: list[np.ndarray] = []  # the audio from sample `_chunks_start` on
+        self._chunks_start = 0
         self._num_samples = 0
         self._committed_chars = 0  # the text before this has its words committed
         self._window_start = 0  # the sample where the uncommitted words' audio starts
@@ -201,11 +202,19 @@ class WordTracker:
                 self._aligning = None
 
     def _window_audio(self) -> np.ndarray:
-        if len(self._chunks) > 1:
-            self._chunks = [np.concatenate(self._chunks)]
+        if len(self._chunks) > 1 or self._chunks_start < self._window_start:
+            # The audio before the window is never aligned again: only the window's is kept (a copy, so that a
+            # document's hour of samples is not held by a view of it).
+            audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=np.float32)
+            self._chunks = [audio[self._window_start - self._chunks_start:].copy()]
+            self._chunks_start = self._window_start
         audio = self._chunks[0] if self._chunks else np.zeros(0, dtype=np.float32)
-        end = min(self._num_samples, self._window_start + round(_MAX_WINDOW_S * self._sample_rate))
-        return audio[self._window_start:end]
+        return audio[:round(_MAX_WINDOW_S * self._sample_rate)]
+
+    @property
+    def buffered_seconds(self) -> float:
+        """The audio this tracker holds: its open window's, and what came since it was last aligned."""
+        return sum(chunk.shape[0] for chunk in self._chunks) / self._sample_rate
 
     def _commit(self, words: Sequence[WordTiming], text: str, window_s: float, is_final: bool, is_whole: bool,
                 is_full: bool) -> bool:
