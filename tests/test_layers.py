@@ -21,8 +21,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                            "observability"),
     "tts_service/runner": ("tts_service.runner", "tts_service.model"),
     "tts_service/model": ("tts_service.model",),
+    # The offline command takes the server's defaults from their one declaration (engine/config.py, no torch).
     "tts_service/eager": ("tts_service.eager", "tts_service.runner.params", "tts_service.runner.sampling",
-                          "tts_service.runner.frame_codes", "tts_service.model", "tts_service.audio"),
+                          "tts_service.runner.frame_codes", "tts_service.model", "tts_service.audio",
+                          "tts_service.engine.config"),
     "tts_service/audio": ("tts_service.audio",),
     "scheduler": ("scheduler",),
     "observability": ("observability", "qwen3_tts"),

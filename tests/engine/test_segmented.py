@@ -12,13 +12,12 @@ import pytest
 
 from scheduler.request import FinishReason
 from tests.engine.forced_ends import end_every_stream_at
-from tts_service.engine import segmented
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine
-from tts_service.engine.segmented import SegmentBounds
-from tts_service.engine.segments import split_segments
 from tts_service.engine.streams import RequestStream, SynthesisRequest
+from tts_service.model import segments as segment_rules
 from tts_service.model.prompts import PromptError, SynthesisInput
+from tts_service.model.segments import SegmentBounds, split_segments
 from tts_service.runner.params import GenerationParams, SamplingParams
 
 SAMPLED = GenerationParams(talker=SamplingParams(0.9, top_k=50), predictor=SamplingParams(0.9, top_k=50),
@@ -175,8 +174,8 @@ def test_later_segments_that_end_far_too_early_are_made_again_once_and_only_the_
 
 def test_later_segments_that_run_away_are_cut_at_their_bound_and_made_again_once(tiny_models, monkeypatch) -> None:
     model = tiny_models["custom_voice"]
-    monkeypatch.setattr(segmented, "RUNAWAY_FACTOR", 0.3)
-    monkeypatch.setattr(segmented, "RUNAWAY_MARGIN_S", 0.0)
+    monkeypatch.setattr(segment_rules, "RUNAWAY_FACTOR", 0.3)
+    monkeypatch.setattr(segment_rules, "RUNAWAY_MARGIN_S", 0.0)
     segments = [segment.of(TEXT) for segment in split_segments(TEXT, MAX_SEGMENT_CHARS, MAX_SEGMENT_CHARS // 4)]
     engine = Engine.create(model, dataclasses.replace(CONFIG, max_audio_s=2.0))
     bounds = [SegmentBounds.for_text(text, model.speech_config.frame_rate_hz, 25) for text in segments]

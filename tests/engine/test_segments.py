@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tts_service.engine.segments import split_segments
 from tts_service.model.aligner_text import is_cjk
+from tts_service.model.segments import split_segments
 
 
 def pieces(text: str, max_chars: int) -> list[str]:

@@ -17,10 +17,10 @@ from observability.calls import RequestTimeline
 from scheduler.request import FinishReason
 from tests.engine.test_segmented import CONFIG, SAMPLED, run
 from tts_service.engine.engine import Engine
-from tts_service.engine.segmented import segment_seed
 from tts_service.engine.streamed_segments import SegmentOutput, StreamedSegmentDoor, StreamedSegmentedRequests
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.model.prompts import SynthesisInput
+from tts_service.model.segments import segment_seed
 
 BUDGET = 40
 SENTENCES = ["The first sentence is here. ", "A second one follows it. ", "Then a third, short. ",

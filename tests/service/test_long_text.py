@@ -16,10 +16,9 @@ import pytest
 from clients.qwen3_tts_client import AudioFormat, TtsClient
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server
 from tests.service.processes import free_port
-from tts_service.engine.segmented import FIRST_SEGMENT_SHARE
-from tts_service.engine.segments import split_segments
 from tts_service.model.aligner_text import split_words
 from tts_service.model.checkpoint import LoadedModel
+from tts_service.model.segments import FIRST_SEGMENT_SHARE, split_segments
 
 SAMPLES_PER_FRAME = 1920
 SEGMENT_CHARS = 1000

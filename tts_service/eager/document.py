@@ -1,8 +1,8 @@
-"""A long text on the eager path, spoken as the engine speaks it: cut at sentences into segments (engine/segments.py,
+"""A long text on the eager path, spoken as the engine speaks it: cut at sentences into segments (model/segments.py,
 the first a quarter of the budget and each next at most twice the one before), each made with the seed the engine
 gives it and, with real weights, the engine's guards (a far-too-early end or a runaway made again once with the
-next seed; engine/segmented.py). Each segment's audio is handed on as soon as it is made, so a chapter never waits
-in memory whole.
+next seed; model/segments.py). Each segment's audio is handed on as soon as it is made, so a chapter never waits in
+memory whole.
 """
 
 from __future__ import annotations
@@ -14,15 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.request import FinishReason
 from tts_service.eager.synthesize import EagerSynthesizer
-from tts_service.engine.segmented import FIRST_SEGMENT_SHARE, SegmentBounds, segment_seed
-from tts_service.engine.segments import Segment, split_segments
 from tts_service.model.prompts import SynthesisInput
+from tts_service.model.segments import FIRST_SEGMENT_SHARE, Segment, SegmentBounds, segment_seed, split_segments
 from tts_service.model.speech_length import estimated_speech_seconds
 from tts_service.runner.params import GenerationParams
-
-_FINISH_REASONS = {"stop": FinishReason.STOPPED, "length": FinishReason.LENGTH}
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,7 @@ def synthesize_document(synthesizer: EagerSynthesizer, item: SynthesisInput, par
             result = synthesizer.synthesize([dataclasses.replace(item, text=text)], [segment_params])[0]
             frames = result.codes.shape[0]
             reason = None if bounds is None or attempt == 1 else bounds.verdict(
-                _FINISH_REASONS[result.finish_reason], frames, cap)
+                result.finish_reason == "stop", result.finish_reason == "length", frames, cap)
             if reason is None:
                 break
             retries.append(reason)

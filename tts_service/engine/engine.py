@@ -37,7 +37,7 @@ from scheduler.scheduler import Scheduler
 from tts_service.engine.aligner_worker import AlignerWorker, load_aligner
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.model_info import ModelInfo
-from tts_service.engine.segmented import SegmentBounds, SegmentDoor, SegmentedRequests
+from tts_service.engine.segmented import SegmentDoor, SegmentedRequests
 from tts_service.engine.step_observers import StepObservers
 from tts_service.engine.step_work import (
     AudioInFlight,
@@ -60,6 +60,7 @@ from tts_service.model.aligner import AlignmentItem, WordTiming
 from tts_service.model.checkpoint import LoadedModel, LoadOptions
 from tts_service.model.loading import load_model
 from tts_service.model.prompts import Prompt, PromptBuilder, PromptError, SynthesisInput, VoiceClone
+from tts_service.model.segments import SegmentBounds
 from tts_service.model.voice_clone import clone_voice
 from tts_service.runner.runner import AudioRestart, DecodeInput, ModelRunner, PendingStep, PrefillInput, StepInput
 

@@ -1,6 +1,6 @@
 """A whole text longer than one segment, spoken segment by segment as one request with one stream.
 
-The text is cut at sentences (`segments.split_segments`, `--max-segment-chars`): the first segment a quarter of
+The text is cut at sentences (`model/segments.py`, `--max-segment-chars`): the first segment a quarter of
 the budget, each next one at most twice the one before. Each segment is a request of its own inside the engine:
 the same voice (speaker, instruction, clone prompt) and sampling settings, a seed derived from the request's and
 the segment's index (so that the whole is reproducible), and at most the audio the request has left. Segment k+1
@@ -26,7 +26,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,53 +34,17 @@ import numpy as np
 
 from observability.calls import RequestTimeline
 from scheduler.request import FinishReason
-from tts_service.engine.segments import Segment, split_segments
 from tts_service.engine.streams import AudioChunk, RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
-from tts_service.model.speech_length import estimated_speech_seconds
+from tts_service.model.segments import (
+    FIRST_SEGMENT_SHARE,
+    Segment,
+    SegmentBounds,
+    segment_seed,
+    split_segments,
+)
 
 # Joins a request's id and its segment's index into the segment's id inside the engine.
 SEGMENT_ID_SEPARATOR = "~"
-_SEED_RANGE = 2**32
-# A retry's seed steps this far from the seed it replaces: far from the seeds of the request's other segments.
-_RETRY_SEED_STEP = 0x9E3779B9
-# The first segment's share of the segment budget.
-FIRST_SEGMENT_SHARE = 4
-# A segment that ends before this share of the time its text takes to read ended too early; one that runs past this
-# factor of it (plus the margin) has run away.
-EARLY_END_SHARE = 0.25
-RUNAWAY_FACTOR = 3.0
-RUNAWAY_MARGIN_S = 2.0
-
-
-@dataclass(frozen=True)
-class SegmentBounds:
-    """What a segment's text can plausibly take, in frames: an end before `min_frames` is too early; `max_frames`
-    is its cap, past which, when it is the runaway bound and not the generation limit, it has run away."""
-
-    min_frames: int
-    max_frames: int
-    is_runaway_bound: bool
-
-    @classmethod
-    def for_text(cls, text: str, frame_rate_hz: float, max_frames: int) -> SegmentBounds:
-        seconds = estimated_speech_seconds(text)
-        runaway = math.ceil((RUNAWAY_FACTOR * seconds + RUNAWAY_MARGIN_S) * frame_rate_hz)
-        return cls(min_frames=int(EARLY_END_SHARE * seconds * frame_rate_hz), max_frames=min(max_frames, runaway),
-                   is_runaway_bound=runaway < max_frames)
-
-    def verdict(self, finish_reason: FinishReason, num_frames: int, cap: int) -> str | None:
-        """Why a segment that ended so must be made again (`early_end`, `runaway`), or None: it ended within bounds,
-        or at a cap that is not the runaway bound (the generation limit, or what the request had left)."""
-        if finish_reason is FinishReason.STOPPED and num_frames < self.min_frames:
-            return "early_end"
-        if finish_reason is FinishReason.LENGTH and self.is_runaway_bound and cap == self.max_frames:
-            return "runaway"
-        return None
-
-
-def segment_seed(seed: int, index: int, attempt: int) -> int:
-    """The seed of a long text's segment `index` at its `attempt`-th making: reproducible from the request's."""
-    return (seed + index + attempt * _RETRY_SEED_STEP) % _SEED_RANGE
 
 
 @dataclass
@@ -242,7 +205,8 @@ class SegmentedRequests(RunningSegments):
             assert segment.summary is not None
             summary = segment.summary
             reason = None if bounds is None or run.is_aborted or attempt == 1 else bounds.verdict(
-                summary.finish_reason, summary.num_frames, cap)
+                summary.finish_reason is FinishReason.STOPPED, summary.finish_reason is FinishReason.LENGTH,
+                summary.num_frames, cap)
             if reason is None:
                 offset = run.num_frames
                 for chunk in chunks:

@@ -10,7 +10,7 @@ segment by segment. Text that never passes half the budget is one segment, the r
 same summary, every character handed on as it comes. Each segment's audio goes straight into the request's stream
 as the engine makes it, its frames numbered on from the segment before. Every segment streams live, for the text
 is still arriving: a segment that runs away is cut at its generation limit but never held back or made again
-(whole texts are guarded, `segmented.py`). Seeds are the whole text's, `segmented.segment_seed`.
+(whole texts are guarded, `segmented.py`). Seeds are the whole text's, `model/segments.segment_seed`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from scheduler.request import FinishReason
-from tts_service.engine.segmented import SEGMENT_ID_SEPARATOR, RunningSegments, joined_summary, segment_seed
-from tts_service.engine.segments import sentence_ends
+from tts_service.engine.segmented import SEGMENT_ID_SEPARATOR, RunningSegments, joined_summary
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.model.segments import segment_seed, sentence_ends
 
 
 class SegmentOutput(RequestStream):

@@ -15,11 +15,57 @@ say (only spaces or punctuation) joins the segment beside it (so a segment may p
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tts_service.model.aligner_text import is_cjk
+from tts_service.model.speech_length import estimated_speech_seconds
+
+_SEED_RANGE = 2**32
+# A retry's seed steps this far from the seed it replaces: far from the seeds of the request's other segments.
+_RETRY_SEED_STEP = 0x9E3779B9
+# The first segment's share of the segment budget.
+FIRST_SEGMENT_SHARE = 4
+# A segment that ends before this share of the time its text takes to read ended too early; one that runs past this
+# factor of it (plus the margin) has run away.
+EARLY_END_SHARE = 0.25
+RUNAWAY_FACTOR = 3.0
+RUNAWAY_MARGIN_S = 2.0
+
+
+@dataclass(frozen=True)
+class SegmentBounds:
+    """What a segment's text can plausibly take, in frames: an end before `min_frames` is too early; `max_frames`
+    is its cap, past which, when it is the runaway bound and not the generation limit, it has run away."""
+
+    min_frames: int
+    max_frames: int
+    is_runaway_bound: bool
+
+    @classmethod
+    def for_text(cls, text: str, frame_rate_hz: float, max_frames: int) -> SegmentBounds:
+        seconds = estimated_speech_seconds(text)
+        runaway = math.ceil((RUNAWAY_FACTOR * seconds + RUNAWAY_MARGIN_S) * frame_rate_hz)
+        return cls(min_frames=int(EARLY_END_SHARE * seconds * frame_rate_hz), max_frames=min(max_frames, runaway),
+                   is_runaway_bound=runaway < max_frames)
+
+    def verdict(self, is_stopped: bool, is_at_cap: bool, num_frames: int, cap: int) -> str | None:
+        """Why a segment that ended so (by its end of speech, or at its cap) must be made again (`early_end`,
+        `runaway`), or None: it ended within bounds, or at a cap that is not the runaway bound (the generation
+        limit, or what the request had left)."""
+        if is_stopped and num_frames < self.min_frames:
+            return "early_end"
+        if is_at_cap and self.is_runaway_bound and cap == self.max_frames:
+            return "runaway"
+        return None
+
+
+def segment_seed(seed: int, index: int, attempt: int) -> int:
+    """The seed of a long text's segment `index` at its `attempt`-th making: reproducible from the request's."""
+    return (seed + index + attempt * _RETRY_SEED_STEP) % _SEED_RANGE
+
 
 _SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s|$)|[。！？；]+[”’」』）]*|\n")
 _CLAUSE_END = re.compile(r"[,;:—–]+[\"'”’)\]]*(?=\s)|[，、；：]")
