@@ -11,6 +11,10 @@ words (at a space, or between two CJK characters, each of which is a word), neve
 longer than `max_chars` is a segment of its own, however long. The segments cover the text exactly, in order (each
 keeps the spaces after it), so that offsets into a segment lead back to the text as sent; a piece with nothing to
 say (only spaces or punctuation) joins the segment beside it (so a segment may pass its budget by that piece).
+
+Each segment is made with a seed derived from the request's (`segment_seed`), and, with real weights, watched by
+`SegmentBounds`: an end far too early for its text, or a run far past what it can need, is made again once. The
+engine (engine/segmented.py, engine/streamed_segments.py) and the offline command (eager/document.py) share them.
 """
 
 from __future__ import annotations
