@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -184,6 +185,39 @@ def test_a_long_text_crosses_as_one_request_spoken_segment_by_segment_as_in_proc
     assert remote.request_id == "long" and remote.num_frames == summary.num_frames >= 9  # three frames a segment
     np.testing.assert_array_equal(remote.codes, summary.codes)
     np.testing.assert_allclose(remote_audio, local_audio, rtol=0, atol=1e-5)
+
+
+def test_a_long_streamed_text_crosses_as_one_request_spoken_segment_by_segment_as_in_process(
+        tiny_checkpoints: dict[str, Path], tiny_models: dict[str, LoadedModel]) -> None:
+    config = replace(CONFIG, max_segment_chars=40, max_audio_s=0.24)
+    # Each sentence its own segment (the budget holds one, never two): eight segments of three frames.
+    text = "The first sentence is here. A second one follows it. Then a third, short. And a fourth ends it. " * 2
+
+    async def stream_in(engine: Engine | EngineProcess) -> tuple[SynthesisSummary, int]:
+        params = replace(SEEDED, max_new_frames=400, min_new_frames=2)
+        stream = await engine.submit(SynthesisRequest("streamed", SynthesisInput("", "english", "ryan"), params,
+                                                      is_text_open=True))
+        for start in range(0, len(text), 6):
+            engine.append_text("streamed", text[start:start + 6])
+        engine.close_text("streamed")
+        chunks = [chunk async for chunk in stream]
+        assert all(a.first_frame + a.num_frames == b.first_frame for a, b in itertools.pairwise(chunks))
+        assert stream.summary is not None
+        return stream.summary, sum(chunk.num_frames for chunk in chunks)
+
+    remote, remote_frames = with_core(tiny_checkpoints["custom_voice"], stream_in, config)
+
+    async def local() -> tuple[SynthesisSummary, int]:
+        engine = Engine.create(tiny_models["custom_voice"], config)
+        engine.start()
+        try:
+            return await stream_in(engine)
+        finally:
+            await engine.stop()
+
+    summary, frames = asyncio.run(local())
+    assert remote.request_id == summary.request_id == "streamed"
+    assert remote.num_frames == remote_frames == summary.num_frames == frames == 8 * 3
 
 
 def test_an_open_request_the_core_refuses_ends_its_stream_with_the_error_the_engine_raises_in_process(
