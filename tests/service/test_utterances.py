@@ -155,6 +155,13 @@ def test_more_open_utterances_than_the_limit_end_the_call_naming_the_flag(client
     assert details.startswith("utterance_id:") and "--max-utterances-per-call" in details
 
 
+def test_open_utterances_together_hold_at_most_the_document_limit_naming_the_flag(client: TtsClient) -> None:
+    """Each of these is within --max-document-chars (400 here), the two together are not."""
+    details = invalid_details(client, [Say("1", "word " * 50), Say("2", "word " * 50)], utterance_id="0")
+    assert details.startswith("text: the open utterances of this call hold more than 400 characters")
+    assert "--max-document-chars" in details
+
+
 def test_utterances_that_completed_free_their_places_under_the_limit(client: TtsClient) -> None:
     items: list[Any] = []
     for index in range(6):  # twice the limit, one at a time

@@ -98,6 +98,7 @@ class UtteranceCall:
         self._time_remaining = time_remaining
         self._utterances: dict[str, _Utterance] = {}
         self._num_open = 0
+        self._num_open_chars = 0  # the text of the utterances not yet completed
         self._is_text_ended = False
         self._refused_ids: set[str] = set()  # utterances the client began while the server drained
         # One item in hand at a time from the pumps, so that unread audio stays in the engine's streams.
@@ -139,11 +140,17 @@ class UtteranceCall:
         if utterance.is_text_closed:
             raise invalid("utterance_id", f"utterance {utterance_id!r} is closed; open a new one with a new id")
         utterance.num_text_chars += len(fragment)
-        # A longer utterance is spoken segment by segment (the engine's streamed_segments.py), as a whole text is.
+        self._num_open_chars += len(fragment)
+        # A longer utterance is spoken segment by segment (the engine's streamed_segments.py), as a whole text is;
+        # the call's open utterances together hold no more, so that a caller pins no more text than its whole-text
+        # calls could.
         max_chars = self._steps.config.engine.max_document_chars
         if utterance.num_text_chars > max_chars:
             raise invalid("text", f"the streamed text of utterance {utterance_id!r} exceeds {max_chars} characters "
                                   "(--max-document-chars)")
+        if self._num_open_chars > max_chars:
+            raise invalid("text", f"the open utterances of this call hold more than {max_chars} characters of text "
+                                  "(--max-document-chars); let one complete, or cancel one, first")
         if utterance is self._first:
             self._record.num_text_chars = utterance.num_text_chars
         spoken = fragment if utterance.substitution is None else utterance.substitution.append(fragment)
@@ -311,6 +318,7 @@ class UtteranceCall:
     async def _finish(self, utterance: _Utterance, status: str) -> None:
         utterance.is_done = True
         self._num_open -= 1
+        self._num_open_chars -= utterance.num_text_chars
         await self._release(utterance, status)
         self._end_if_done()
 
