@@ -12,10 +12,10 @@ import numpy as np
 import soundfile
 
 from tts_service.eager import command
-from tts_service.eager.document import document_segments, synthesize_document
+from tts_service.eager.document import synthesize_document
 from tts_service.eager.synthesize import EagerSynthesizer, SynthesisResult
 from tts_service.model.prompts import SynthesisInput
-from tts_service.model.segments import segment_seed
+from tts_service.model.segments import document_segments, segment_seed
 from tts_service.model.speech_length import estimated_speech_seconds
 from tts_service.runner.params import GenerationParams, SamplingParams
 

@@ -17,12 +17,13 @@ import torch
 from tqdm import tqdm
 
 from tts_service.audio.reference import ReferenceAudioError, decode_audio_file
-from tts_service.eager.document import document_segments, synthesize_document
+from tts_service.eager.document import synthesize_document
 from tts_service.eager.synthesize import EagerSynthesizer
 from tts_service.engine.config import EngineConfig
 from tts_service.model.checkpoint import CheckpointError, LoadedModel, LoadOptions
 from tts_service.model.loading import load_model
 from tts_service.model.prompts import PromptError, SynthesisInput
+from tts_service.model.segments import document_segments
 from tts_service.model.sources import DEFAULT_MODEL, OFFLINE_FALLBACK_MODEL
 from tts_service.model.speech_length import estimated_speech_seconds
 from tts_service.runner.params import GenerationParams, SamplingParams, params_from_generation_config

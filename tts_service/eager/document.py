@@ -16,7 +16,7 @@ import numpy as np
 
 from tts_service.eager.synthesize import EagerSynthesizer
 from tts_service.model.prompts import SynthesisInput
-from tts_service.model.segments import FIRST_SEGMENT_SHARE, Segment, SegmentBounds, segment_seed, split_segments
+from tts_service.model.segments import Segment, SegmentBounds, segment_seed
 from tts_service.model.speech_length import estimated_speech_seconds
 from tts_service.runner.params import GenerationParams
 
@@ -27,13 +27,6 @@ class DocumentResult:
     num_frames: int
     retries: tuple[str, ...]  # each retried segment's reason, in order
     finish_reason: str  # the last segment's
-
-
-def document_segments(text: str, max_segment_chars: int) -> list[Segment]:
-    """The engine's cut of a whole text (one segment for a text within the budget)."""
-    if len(text) <= max_segment_chars:
-        return [Segment(0, len(text))]
-    return split_segments(text, max_segment_chars, max(1, max_segment_chars // FIRST_SEGMENT_SHARE))
 
 
 def synthesize_document(synthesizer: EagerSynthesizer, item: SynthesisInput, params: GenerationParams,

@@ -35,13 +35,7 @@ import numpy as np
 from observability.calls import RequestTimeline
 from scheduler.request import FinishReason
 from tts_service.engine.streams import AudioChunk, RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
-from tts_service.model.segments import (
-    FIRST_SEGMENT_SHARE,
-    Segment,
-    SegmentBounds,
-    segment_seed,
-    split_segments,
-)
+from tts_service.model.segments import Segment, SegmentBounds, document_segments, segment_seed
 
 # Joins a request's id and its segment's index into the segment's id inside the engine.
 SEGMENT_ID_SEPARATOR = "~"
@@ -147,11 +141,10 @@ class SegmentedRequests(RunningSegments):
         """Queue the request's first segment (raising what the engine raises for it, with nothing queued) and
         speak the rest after it into `stream`."""
         # Cutting 200,000 characters takes Python a good part of a second: off the engine's event loop.
-        segments = await asyncio.to_thread(split_segments, request.synthesis.text, self.max_segment_chars,
-                                           max(1, self.max_segment_chars // FIRST_SEGMENT_SHARE))
+        segments = await asyncio.to_thread(document_segments, request.synthesis.text, self.max_segment_chars)
         if request.request_id in self._runs:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        run = _Run(request, stream, segments or [Segment(0, len(request.synthesis.text))])
+        run = _Run(request, stream, segments)
         first, _ = await self._start_segment(run, 0, attempt=0)
         self._runs[request.request_id] = run
         run.task = asyncio.get_running_loop().create_task(self._speak_to_the_end(run, self._speak(run, first)),

@@ -111,6 +111,14 @@ def split_segments(text: str, max_chars: int, first_chars: int | None = None) ->
     return segments
 
 
+def document_segments(text: str, max_chars: int) -> list[Segment]:
+    """A whole text's segments as the engine speaks them: the text itself within `max_chars`; past it, cut with the
+    first segment a quarter of the budget (`FIRST_SEGMENT_SHARE`), or, for a text with nothing to say, one segment."""
+    if len(text) <= max_chars:
+        return [Segment(0, len(text))]
+    return split_segments(text, max_chars, max(1, max_chars // FIRST_SEGMENT_SHARE)) or [Segment(0, len(text))]
+
+
 def sentence_ends(text: str) -> list[int]:
     """Where each sentence of `text` ends, the spaces after it included (the end of a text that goes on may not be
     one yet)."""
