@@ -1,27 +1,21 @@
-"""The aligner beside the engine: windows that wait while a batch runs are aligned together in the next one, a batch
-yields to requests on their way to their first audio (for a bounded time), and an engine without an aligner refuses
-to time words, naming the flag."""
+"""The aligner beside the engine: windows that wait while a batch runs are aligned together in the next one, and an
+engine without an aligner refuses to time words, naming the flag."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import time
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 import torch
 
-from tts_service.engine import engine as engine_module
 from tts_service.engine.aligner_worker import AlignerWorker
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.engine import Engine
-from tts_service.engine.streams import SynthesisRequest
 from tts_service.model.aligner import AlignmentItem, WordTiming
 from tts_service.model.checkpoint import CheckpointError
-from tts_service.model.prompts import PromptError, SynthesisInput
-from tts_service.runner.params import GenerationParams, SamplingParams
+from tts_service.model.prompts import PromptError
 
 ONE_WORD = [WordTiming(0, 1, 0.0, 0.08)]
 
@@ -33,10 +27,8 @@ class CountingAligner:
 
     def __init__(self) -> None:
         self.batches: list[int] = []
-        self.started_at: list[float] = []  # time.monotonic(), the event loop's and the engine's clock
 
     def align_many(self, items: Sequence[AlignmentItem]) -> list[list[WordTiming]]:
-        self.started_at.append(time.monotonic())
         self.batches.append(len(items))
         return [list(ONE_WORD) for _ in items]
 
@@ -97,72 +89,6 @@ def test_a_cancelled_window_is_left_out_of_the_next_batch() -> None:
         worker.close()
     assert results == [ONE_WORD, ONE_WORD]
     assert counting.batches == [1, 1]
-
-
-def test_a_batch_waits_while_a_request_is_on_its_way_to_its_first_audio_and_starts_once_none_is() -> None:
-    counting = CountingAligner()
-    worker = AlignerWorker(counting, max_yield_s=60.0)
-
-    async def scenario() -> tuple[list[int], list[WordTiming]]:
-        worker.yield_to_first_audio(True)
-        window = asyncio.ensure_future(worker.align(ITEM))
-        await asyncio.sleep(0.05)
-        held = list(counting.batches)
-        worker.yield_to_first_audio(False)
-        return held, await asyncio.wait_for(window, 10)
-
-    try:
-        held, result = asyncio.run(scenario())
-    finally:
-        worker.close()
-    assert held == [] and result == ONE_WORD and counting.batches == [1]
-
-
-def test_a_batch_yields_to_first_audio_no_longer_than_its_oldest_window_may_wait() -> None:
-    counting = CountingAligner()
-    worker = AlignerWorker(counting, max_yield_s=0.1)
-
-    async def scenario() -> tuple[float, list[list[WordTiming]]]:
-        worker.yield_to_first_audio(True)  # and never otherwise
-        queued_at = time.monotonic()
-        first = asyncio.ensure_future(worker.align(ITEM))
-        await asyncio.sleep(0.02)
-        second = asyncio.ensure_future(worker.align(ITEM))
-        return queued_at, await asyncio.wait_for(asyncio.gather(first, second), 10)
-
-    try:
-        queued_at, results = asyncio.run(scenario())
-    finally:
-        worker.close()
-    assert results == [ONE_WORD, ONE_WORD]
-    assert counting.batches == [2]  # the later window went with the oldest, at the oldest's time
-    assert 0.1 - 0.005 <= counting.started_at[0] - queued_at < 5.0
-
-
-def test_the_engine_holds_alignment_until_its_requests_first_audio_has_reached_their_stream(
-        tiny_models, monkeypatch) -> None:
-    counting = CountingAligner()
-    monkeypatch.setattr(engine_module, "load_aligner", lambda config, model: counting)
-    monkeypatch.setattr(engine_module, "AlignerWorker", functools.partial(AlignerWorker, max_yield_s=60.0))
-    config = EngineConfig(max_running=2, num_slots=2, block_size=4, num_kv_blocks=64, max_positions_per_request=256,
-                          aligner_model="random:tiny")
-    engine = Engine.create(tiny_models["custom_voice"], config)
-    synthesis = SynthesisInput("Hello there.", "english", "ryan")
-    params = GenerationParams(talker=SamplingParams(0.0), predictor=SamplingParams(0.0), max_new_frames=6)
-
-    async def scenario() -> tuple[float | None, list[WordTiming]]:
-        engine.start()
-        try:
-            stream = await engine.submit(SynthesisRequest("speaking", synthesis, params))
-            window = asyncio.ensure_future(engine.align_words(ITEM))
-            _, summary = await stream.collect()
-            return summary.timeline.first_audio, await asyncio.wait_for(window, 10)
-        finally:
-            await engine.stop()
-
-    first_audio, words = asyncio.run(scenario())
-    assert words == ONE_WORD and first_audio is not None
-    assert counting.started_at[0] >= first_audio
 
 
 def test_an_engine_with_an_aligner_times_words_on_its_device_and_says_which_aligner_it_has(tiny_models) -> None:

@@ -6,12 +6,6 @@ audio 26 -> 39 ms at 20 req/s on an H100 with the aligner in the server's proces
 In one context its kernels run beside the engine's, on a stream of its own. Windows to align queue here and are
 aligned together, a batch at a time, on a thread of their own, so that many requests cost one forward pass
 (replayed from captured graphs on a GPU: `tts_service.runner.aligner_runner`).
-
-Word timings may trail their audio by a sentence; a request's first audio waits for nothing. So a batch does not
-start while the engine has a request on its way to its first audio (`yield_to_first_audio`), for at most
-`MAX_YIELD_S` of its oldest window's wait: neither the batch's kernels, which take SMs from the frames' however low
-their stream's priority, nor its host work (resampling, spectrograms, packing), which takes the GIL from the
-engine's thread, then sit on that path.
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Protocol
 
 from tts_service.engine.config import EngineConfig
@@ -32,9 +25,6 @@ logger = logging.getLogger(__name__)
 
 # Windows aligned in one forward pass at most.
 MAX_ALIGNER_BATCH = 16
-# The longest a window waits for the engine's requests to reach their first audio before its batch starts anyway.
-# At 20 req/s a request is on its way to its first audio about 40% of the time, in spans of a few tens of ms.
-MAX_YIELD_S = 0.04
 
 
 def load_aligner(config: EngineConfig, model: LoadedModel) -> AlignerRunner:
@@ -63,70 +53,40 @@ class BatchAligner(Protocol):
     def align_many(self, items: Sequence[AlignmentItem]) -> list[list[WordTiming]]: ...
 
 
-@dataclass(frozen=True)
-class _Window:
-    item: AlignmentItem
-    future: asyncio.Future[list[WordTiming]]
-    queued_at: float  # on the event loop's clock
-
-
 class AlignerWorker:
-    """Aligns windows on one thread, every window that waits in the next batch, yielding to first audio (see the
-    module's docstring)."""
+    """Aligns windows on one thread, every window that waits in the next batch."""
 
-    def __init__(self, aligner: BatchAligner, max_batch: int = MAX_ALIGNER_BATCH,
-                 max_yield_s: float = MAX_YIELD_S) -> None:
+    def __init__(self, aligner: BatchAligner, max_batch: int = MAX_ALIGNER_BATCH) -> None:
         self.aligner = aligner
         self._max_batch = max_batch
-        self._max_yield_s = max_yield_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-aligner")
-        self._pending: list[_Window] = []
+        self._pending: list[tuple[AlignmentItem, asyncio.Future[list[WordTiming]]]] = []
         self._is_running = False
-        self._is_first_audio_awaited = False
-        self._resume: asyncio.TimerHandle | None = None  # the yield's end, for the oldest waiting window
 
     async def align(self, item: AlignmentItem) -> list[WordTiming]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[WordTiming]] = loop.create_future()
-        self._pending.append(_Window(item, future, loop.time()))
+        future: asyncio.Future[list[WordTiming]] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
         self._start_batch()
         return await future
 
-    def yield_to_first_audio(self, is_awaited: bool) -> None:
-        """Whether the engine has a request on its way to its first audio: while it has, no batch starts (for at
-        most `max_yield_s` of the oldest window's wait)."""
-        was_awaited, self._is_first_audio_awaited = self._is_first_audio_awaited, is_awaited
-        if was_awaited and not is_awaited and self._pending:
-            self._start_batch()
-
     def close(self) -> None:
-        if self._resume is not None:
-            self._resume.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _start_batch(self) -> None:
-        if self._resume is not None:
-            self._resume.cancel()
-            self._resume = None
-        self._pending = [window for window in self._pending if not window.future.cancelled()]
+        self._pending = [(item, future) for item, future in self._pending if not future.cancelled()]
         if self._is_running or not self._pending:
             return
-        loop = asyncio.get_running_loop()
-        if self._is_first_audio_awaited:
-            deadline = self._pending[0].queued_at + self._max_yield_s
-            if loop.time() < deadline:
-                self._resume = loop.call_at(deadline, self._start_batch)
-                return
         batch, self._pending = self._pending[:self._max_batch], self._pending[self._max_batch:]
         self._is_running = True
-        work = loop.run_in_executor(self._executor, self.aligner.align_many, [window.item for window in batch])
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._executor, self.aligner.align_many, [item for item, _ in batch])
         work.add_done_callback(lambda done: self._settle(batch, done))
 
-    def _settle(self, batch: Sequence[_Window], done: asyncio.Future[list[list[WordTiming]]]) -> None:
+    def _settle(self, batch: Sequence[tuple[AlignmentItem, asyncio.Future[list[WordTiming]]]],
+                done: asyncio.Future[list[list[WordTiming]]]) -> None:
         self._is_running = False
         error = None if done.cancelled() else done.exception()
-        for index, window in enumerate(batch):
-            future = window.future
+        for index, (_, future) in enumerate(batch):
             if future.done():
                 continue
             if done.cancelled():

@@ -215,8 +215,6 @@ class Engine(StepObservers):
         self._voices = voices
         self._voice_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-store")
         self._aligner = aligner
-        # Requests in the scheduler whose first audio has not reached their streams: the aligner yields to them.
-        self._awaiting_first_audio: set[str] = set()
         # Random weights never end speech themselves: their segments run to the time reading them takes, unguarded.
         bounds = None if model.is_random else functools.partial(
             SegmentBounds.for_text, frame_rate_hz=model.speech_config.frame_rate_hz,
@@ -555,16 +553,7 @@ class Engine(StepObservers):
                             num_text_tokens=len(live.trailing), is_text_closed=is_text_closed)
         self.scheduler.add(scheduled)
         live.scheduled = scheduled
-        self._set_first_audio_awaited(live.request_id, True)
         self._wake.set()
-
-    def _set_first_audio_awaited(self, request_id: str, is_awaited: bool) -> None:
-        if is_awaited:
-            self._awaiting_first_audio.add(request_id)
-        else:
-            self._awaiting_first_audio.discard(request_id)
-        if self._aligner is not None:
-            self._aligner.yield_to_first_audio(bool(self._awaiting_first_audio))
 
     def _text_id_for_input(self, live: _Live, frame_index: int) -> int:
         """The trailing text token added to frame `frame_index` when it is fed back to the talker."""
@@ -781,7 +770,6 @@ class Engine(StepObservers):
             live.stream.put_audio(AudioChunk(samples, chunk.first_frame, chunk.num_frames))
             if live.first_audio_time is None:
                 live.first_audio_time = now
-                self._set_first_audio_awaited(live.request_id, False)
         for request_id, error in done.errors.items():  # the device failed the call: its requests fail
             live = self._live.get(request_id)
             if live is not None:
@@ -812,7 +800,6 @@ class Engine(StepObservers):
     def _end(self, live: _Live, reason: FinishReason, error: str | None = None) -> None:
         if self._live.pop(live.request_id, None) is None:
             return
-        self._set_first_audio_awaited(live.request_id, False)
         scheduled = live.scheduled
         timeline = RequestTimeline(
             arrival=live.arrival_time, admitted=None if scheduled is None else scheduled.admitted_time,
