@@ -65,6 +65,7 @@ class LiveState:
     num_preemptions_total: Callable[[], int]
     num_kv_blocks_used: Callable[[], int]
     num_kv_blocks_total: Callable[[], int]
+    num_cores_running: Callable[[], int]
 
 
 class ServiceMetrics:
@@ -202,7 +203,9 @@ class ServiceMetrics:
                 ("qwen3_tts_requests_waiting", "Requests queued for admission.", live.num_waiting),
                 ("qwen3_tts_requests_parked", "Running requests waiting for more text.", live.num_parked),
                 ("qwen3_tts_kv_blocks_used", "Talker KV-cache blocks held by requests.", live.num_kv_blocks_used),
-                ("qwen3_tts_kv_blocks", "Talker KV-cache blocks in all.", live.num_kv_blocks_total)):
+                ("qwen3_tts_kv_blocks", "Talker KV-cache blocks in all.", live.num_kv_blocks_total),
+                ("qwen3_tts_engine_cores_running", "Engine cores running: one per device (--device); a core "
+                 "that exited is started again.", live.num_cores_running)):
             Gauge(name, documentation, names, registry=self.registry).labels(**labels).set_function(read)
         self.registry.register(_CounterReader(
             "qwen3_tts_preemptions", "Requests that gave their KV memory back and resumed by recomputing it.",

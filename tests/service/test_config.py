@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tts_service.api.config import ConfigError, ServerConfig, load_config
-from tts_service.api.main import main
+from tts_service.api.main import main, resolve_devices
 from tts_service.engine.config import EngineConfig
 from tts_service.model.sources import DEFAULT_MODEL
 
@@ -41,10 +41,30 @@ def test_api_keys_come_from_a_file_and_the_environment_and_are_never_described(t
     (["--log-format", "xml"], "--log-format"),
     (["--api-keys-file", "/nonexistent/keys"], "--api-keys-file"),
     (["--gil-switch-interval-ms", "0"], "--gil-switch-interval-ms"),
+    (["--device", "gpu"], "--device"),
+    (["--device", "cuda:0,cuda:0"], "--device"),
+    (["--device", "cuda:0,cpu"], "--device"),
+    (["--device", "cuda:0,cuda:1", "--no-engine-process"], "--device"),
+    (["--device", "all", "--no-engine-process"], "--device"),
 ])
 def test_invalid_settings_are_refused_naming_the_flag(argv: list[str], flag: str) -> None:
     with pytest.raises(ConfigError, match=flag):
         load_config(argv, {})
+
+
+def test_several_gpus_are_named_in_one_list_or_as_all_and_resolved_to_an_engine_core_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    assert load_config(["--device", "cuda:0,cuda:1"], {}).device == "cuda:0,cuda:1"
+    assert resolve_devices("cuda:1, cuda:0") == ["cuda:1", "cuda:0"]
+    assert resolve_devices("cpu") == ["cpu"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert resolve_devices("all") == ["cuda:0", "cuda:1", "cuda:2"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="--device all"):
+        resolve_devices("all")
 
 
 def test_the_server_command_exits_with_a_usage_error_for_a_bad_setting(capsys: pytest.CaptureFixture[str]) -> None:

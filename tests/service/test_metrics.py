@@ -154,7 +154,7 @@ def test_preemptions_are_a_counter_read_from_the_engine_when_scraped() -> None:
     preemptions = [3]
     metrics.watch(LiveState(num_running=lambda: 0, num_waiting=lambda: 0, num_parked=lambda: 0,
                             num_preemptions_total=lambda: preemptions[0], num_kv_blocks_used=lambda: 0,
-                            num_kv_blocks_total=lambda: 0))
+                            num_kv_blocks_total=lambda: 0, num_cores_running=lambda: 1))
     assert value(samples(metrics), "qwen3_tts_preemptions_total") == 3
     preemptions[0] = 5
     assert value(samples(metrics), "qwen3_tts_preemptions_total") == 5

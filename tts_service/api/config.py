@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
@@ -39,6 +40,21 @@ API_KEYS_ENV = "QWEN3_TTS_API_KEYS"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _PORT = Check("0-65535", lambda port: 0 <= port <= 65535)
 _OPTIONAL_PORT = Check("1-65535", lambda port: 0 < port <= 65535)
+
+
+def is_several_devices(device: str) -> bool:
+    """Whether `--device` names more than one device (or `all`, which may)."""
+    return device == "all" or "," in device
+
+
+def _is_device_choice(device: str) -> bool:
+    if not is_several_devices(device) or device == "all":
+        return re.fullmatch(r"auto|all|cpu|cuda(:\d+)?", device) is not None
+    names = [name.strip() for name in device.split(",")]
+    return len(set(names)) == len(names) and all(re.fullmatch(r"cuda:\d+", name) for name in names)
+
+
+_DEVICE = Check("cuda, cuda:N, cpu, auto, all, or distinct cuda:N separated by commas", _is_device_choice)
 _FILE = Check("a file", lambda path: path.is_file())
 _BARE_KEYS = Check("keys that are non-empty and carry no surrounding whitespace",
                    lambda keys: all(key and key.strip() == key for key in keys))
@@ -77,7 +93,9 @@ class ServerConfig:
     """The front door's own settings beside the engine's (`engine`), each declared once with its flag's help."""
 
     model: str = setting(DEFAULT_MODEL, "checkpoint directory, Hugging Face repo id, or random:<size>-<type>")
-    device: str = setting("auto", "cuda, cuda:N, cpu, or auto (CUDA when available)")
+    device: str = setting("auto", "cuda, cuda:N, cpu, auto (CUDA when available), or several GPUs behind this "
+                                  "server, an engine core each: cuda:0,cuda:1,... or all (every visible GPU)",
+                          check=_DEVICE)
     host: str = setting("[::]", "address to listen on; [::] is every interface")
     port: int = setting(50051, "port to listen on; 0 picks a free one", check=_PORT)
     metrics_port: int | None = setting(None, "port for Prometheus metrics over HTTP (/metrics); unset: none",
@@ -183,6 +201,8 @@ class ServerConfig:
         require(self, self.tls_client_ca is None or self.tls_cert is not None, "tls_client_ca",
                 "given with --tls-cert and --tls-key: mTLS needs the server's own certificate")
         check_fields(self)
+        require(self, self.engine_process or not is_several_devices(self.device), "device",
+                "one device with --no-engine-process: several GPUs need an engine core each")
         require(self, self.health_port is None or self.health_port not in (self.port, self.metrics_port),
                 "health_port", "other than --port and --metrics-port")
         require(self, self.http_port is None or self.http_port not in (self.port, self.metrics_port, self.health_port),

@@ -27,7 +27,7 @@ from tts_service.api.config import ConfigError, ServerConfig, load_config
 if TYPE_CHECKING:
     from observability.metrics import ServiceMetrics
     from observability.tracing import CallTracer
-    from tts_service.engine import Engine, EngineProcess, ModelInfo
+    from tts_service.engine import Engine, EngineCores, EngineProcess, ModelInfo
 
 T = TypeVar("T")
 
@@ -49,6 +49,17 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def resolve_devices(device: str) -> list[str]:
+    """The devices `--device` names, one engine core each: `all` is every GPU this process sees."""
+    if device == "all":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device all: this machine has no CUDA GPU")
+        return [f"cuda:{index}" for index in range(torch.cuda.device_count())]
+    return [resolve_device(name.strip()) for name in device.split(",")]
+
+
 def load_engine(config: ServerConfig) -> Engine:
     """Exactly the configured model in an engine, not started."""
     from tts_service.engine import Engine
@@ -56,18 +67,23 @@ def load_engine(config: ServerConfig) -> Engine:
     return Engine.load(config.model, resolve_device(config.device), config.engine)
 
 
-async def start_engine(config: ServerConfig) -> Engine | EngineProcess:
-    """The configured model in a running engine: in a process of its own, or (with --no-engine-process) loaded in a
-    daemon thread of this one, so that health checks are answered while it loads either way."""
+async def start_engine(config: ServerConfig) -> Engine | EngineProcess | EngineCores:
+    """The configured model in a running engine: in a process of its own (one per device when there are several),
+    or (with --no-engine-process) loaded in a daemon thread of this one, so that health checks are answered while
+    it loads either way."""
     if not config.engine_process:
         engine = await in_daemon_thread(lambda: load_engine(config))
         engine.start()
         return engine
-    from tts_service.engine import CoreSpec, EngineProcess
+    from tts_service.engine import CoreSpec, EngineCores, EngineProcess
+    from tts_service.engine.cores import core_specs
 
-    spec = CoreSpec(config.model, resolve_device(config.device), config.engine, config.log_level,
-                    config.log_format, config.gil_switch_interval_ms / 1000, config.engine_stall_timeout_seconds)
-    return await EngineProcess.start(spec)
+    devices = resolve_devices(config.device)
+    spec = CoreSpec(config.model, devices[0], config.engine, config.log_level, config.log_format,
+                    config.gil_switch_interval_ms / 1000, config.engine_stall_timeout_seconds)
+    if len(devices) == 1:
+        return await EngineProcess.start(spec)
+    return await EngineCores.start(core_specs(spec, devices))
 
 
 def in_daemon_thread(function: Callable[[], T]) -> asyncio.Future[T]:

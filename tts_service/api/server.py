@@ -310,7 +310,8 @@ def watch_engine(metrics: ServiceMetrics, engine: EngineDoor) -> None:
                             num_parked=lambda: engine.occupancy().num_parked,
                             num_preemptions_total=lambda: engine.occupancy().num_preemptions_total,
                             num_kv_blocks_used=lambda: engine.occupancy().num_kv_blocks_used,
-                            num_kv_blocks_total=lambda: engine.occupancy().num_kv_blocks_total))
+                            num_kv_blocks_total=lambda: engine.occupancy().num_kv_blocks_total,
+                            num_cores_running=lambda: engine.num_cores_running))
 
 
 def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:

@@ -23,6 +23,7 @@ _EXPORTS = {
     "CoreSpec": "tts_service.engine.core_process",
     "Engine": "tts_service.engine.engine",
     "EngineConfig": "tts_service.engine.config",
+    "EngineCores": "tts_service.engine.cores",
     "EngineCoreExited": "tts_service.engine.engine_process",
     "EngineCoreLost": "tts_service.engine.engine_process",
     "EngineDoor": "tts_service.engine.door",
@@ -61,6 +62,7 @@ __all__ = [
     "EngineConfig",
     "EngineCoreExited",
     "EngineCoreLost",
+    "EngineCores",
     "EngineDoor",
     "EngineOccupancy",
     "EngineProcess",
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
     from scheduler.scheduler import QueueFullError, RequestTooLargeError
     from tts_service.engine.config import EngineConfig
     from tts_service.engine.core_process import CoreSpec
+    from tts_service.engine.cores import EngineCores
     from tts_service.engine.door import EngineDoor
     from tts_service.engine.engine import Engine, EngineOccupancy, EngineStats, EngineStoppedError
     from tts_service.engine.engine_process import EngineCoreExited, EngineCoreLost, EngineProcess

@@ -309,6 +309,10 @@ class Engine(StepObservers):
         return self._task is not None and not self._task.done() and not self._is_stopping
 
     @property
+    def num_cores_running(self) -> int:
+        return int(self.is_running)
+
+    @property
     def num_live_requests(self) -> int:
         return len(self._live)
 

@@ -172,6 +172,10 @@ class EngineProcess(StepObservers):
         return not (self._is_stopping or self._exited.is_set())
 
     @property
+    def num_cores_running(self) -> int:
+        return int(self.is_running)
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid
 
@@ -183,6 +187,10 @@ class EngineProcess(StepObservers):
     @property
     def num_live_requests(self) -> int:
         return len(self._streams)
+
+    def holds(self, request_id: str) -> bool:
+        """Whether the request's stream is still being filled by this core."""
+        return request_id in self._streams
 
     def occupancy(self) -> EngineOccupancy:
         """The engine's load as of the core's last message (it sends one whenever anything changes)."""
