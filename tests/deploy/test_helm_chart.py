@@ -211,6 +211,14 @@ def test_the_wiring_matches_the_server(helm: str, value_set: str, tmp_path: Path
     assert all("secretKeyRef" in variable["valueFrom"] for variable in api_keys)
 
 
+def test_a_replica_given_several_gpus_runs_an_engine_core_on_each(helm: str, tmp_path: Path) -> None:
+    one = server_container(render(helm))
+    assert flag(one, "device") == "cuda"
+    several = server_container(render(helm, "--set", "gpu.count=4"))
+    assert several["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert flag(several, "device") == "all" and server_config(several, tmp_path).engine_process
+
+
 def test_the_engine_stall_timeout_reaches_the_server_and_liveness_asks_the_health_a_stall_turns_off(
         helm: str, tmp_path: Path) -> None:
     container = server_container(render(helm, "--set", "server.engineStallTimeoutSeconds=45"))
