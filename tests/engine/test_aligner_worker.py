@@ -1,10 +1,9 @@
-"""The aligner beside the engine: windows that wait while a batch runs, or for the next batch's time, are aligned
-together in the next one, and an engine without an aligner refuses to time words, naming the flag."""
+"""The aligner beside the engine: windows that wait while a batch runs are aligned together in the next one, and an
+engine without an aligner refuses to time words, naming the flag."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,10 +27,8 @@ class CountingAligner:
 
     def __init__(self) -> None:
         self.batches: list[int] = []
-        self.started_at: list[float] = []  # time.monotonic(), the event loop's clock
 
     def align_many(self, items: Sequence[AlignmentItem]) -> list[list[WordTiming]]:
-        self.started_at.append(time.monotonic())
         self.batches.append(len(items))
         return [list(ONE_WORD) for _ in items]
 
@@ -58,25 +55,6 @@ def test_windows_that_wait_are_aligned_together_in_one_batch() -> None:
     assert results == [ONE_WORD] * 10
     assert counting.batches[0] == 1 and sum(counting.batches) == 10 and max(counting.batches) <= 8
     assert len(counting.batches) <= 3
-
-
-def test_a_lone_window_is_aligned_at_once_and_those_within_the_batch_interval_wait_to_go_together() -> None:
-    counting = CountingAligner()
-    worker = AlignerWorker(counting, min_batch_interval_s=0.2)
-
-    async def scenario() -> tuple[float, list[list[WordTiming]]]:
-        queued_at = time.monotonic()
-        first = await worker.align(ITEM)
-        later = await asyncio.gather(*(worker.align(ITEM) for _ in range(3)))
-        return queued_at, [first, *later]
-
-    try:
-        queued_at, results = asyncio.run(scenario())
-    finally:
-        worker.close()
-    assert results == [ONE_WORD] * 4 and counting.batches == [1, 3]
-    assert counting.started_at[0] - queued_at < 0.1
-    assert counting.started_at[1] - counting.started_at[0] >= 0.2 - 0.005
 
 
 def test_a_failed_batch_fails_each_of_its_windows_and_the_next_batch_still_runs() -> None:

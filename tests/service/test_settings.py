@@ -22,7 +22,6 @@ NON_DEFAULT: dict[str, tuple[str, Any]] = {
     "model": ("random:tiny-base", "random:tiny-base"),
     "device": ("cpu", "cpu"),
     "aligner-model": ("random:tiny", "random:tiny"),
-    "aligner-batch-interval-ms": ("20", 20.0),
     "host": ("127.0.0.1", "127.0.0.1"),
     "port": ("6000", 6000),
     "metrics-port": ("9090", 9090),

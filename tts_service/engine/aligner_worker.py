@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -26,11 +25,6 @@ logger = logging.getLogger(__name__)
 
 # Windows aligned in one forward pass at most.
 MAX_ALIGNER_BATCH = 16
-
-
-def aligner_worker(config: EngineConfig, model: LoadedModel) -> AlignerWorker:
-    """The aligner `config.aligner_model` names (see `load_aligner`), behind a worker batching as configured."""
-    return AlignerWorker(load_aligner(config, model), min_batch_interval_s=config.aligner_batch_interval_ms / 1000)
 
 
 def load_aligner(config: EngineConfig, model: LoadedModel) -> AlignerRunner:
@@ -60,20 +54,14 @@ class BatchAligner(Protocol):
 
 
 class AlignerWorker:
-    """Aligns windows on one thread, every window that waits in the next batch, starting a batch at most every
-    `min_batch_interval_s`: a lone window is aligned at once, and under load the windows of an interval go
-    together, so that the aligner's share of the GPU's time stays small whatever the number of requests."""
+    """Aligns windows on one thread, every window that waits in the next batch."""
 
-    def __init__(self, aligner: BatchAligner, max_batch: int = MAX_ALIGNER_BATCH,
-                 min_batch_interval_s: float = 0.0) -> None:
+    def __init__(self, aligner: BatchAligner, max_batch: int = MAX_ALIGNER_BATCH) -> None:
         self.aligner = aligner
         self._max_batch = max_batch
-        self._min_batch_interval_s = min_batch_interval_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-aligner")
         self._pending: list[tuple[AlignmentItem, asyncio.Future[list[WordTiming]]]] = []
         self._is_running = False
-        self._last_start = -math.inf  # on the event loop's clock
-        self._next_start: asyncio.TimerHandle | None = None
 
     async def align(self, item: AlignmentItem) -> list[WordTiming]:
         future: asyncio.Future[list[WordTiming]] = asyncio.get_running_loop().create_future()
@@ -82,28 +70,17 @@ class AlignerWorker:
         return await future
 
     def close(self) -> None:
-        if self._next_start is not None:
-            self._next_start.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _start_batch(self) -> None:
         self._pending = [(item, future) for item, future in self._pending if not future.cancelled()]
-        if self._is_running or not self._pending or self._next_start is not None:
+        if self._is_running or not self._pending:
             return
-        loop = asyncio.get_running_loop()
-        wait_s = self._last_start + self._min_batch_interval_s - loop.time()
-        if wait_s > 0:
-            self._next_start = loop.call_later(wait_s, self._start_when_due)
-            return
-        self._last_start = loop.time()
         batch, self._pending = self._pending[:self._max_batch], self._pending[self._max_batch:]
         self._is_running = True
+        loop = asyncio.get_running_loop()
         work = loop.run_in_executor(self._executor, self.aligner.align_many, [item for item, _ in batch])
         work.add_done_callback(lambda done: self._settle(batch, done))
-
-    def _start_when_due(self) -> None:
-        self._next_start = None
-        self._start_batch()
 
     def _settle(self, batch: Sequence[tuple[AlignmentItem, asyncio.Future[list[WordTiming]]]],
                 done: asyncio.Future[list[list[WordTiming]]]) -> None:

@@ -35,12 +35,6 @@ class EngineConfig:
                                               "same device: a directory, a Hugging Face repo id (e.g. "
                                               "Qwen/Qwen3-ForcedAligner-0.6B) or random:tiny / random:0.6b; unset: "
                                               "none (a request asking for word timestamps gets FAILED_PRECONDITION)")
-    # An aligner batch is a chain of small kernels (6.7 ms on an idle H100 for the smallest, 26 ms for the largest)
-    # that slows the frames' kernels beside it; one batch per window kept it running nearly all the time.
-    aligner_batch_interval_ms: float = setting(
-        50.0, "the forced aligner starts a batch at most this often: windows arriving meanwhile wait and go "
-              "together, trading up to this much word-timestamp latency for less of the aligner's GPU time beside "
-              "the frames (0: a batch whenever one can run)", check=at_least(0))
     model_download_timeout_s: float = setting(
         300.0, "how long a Hugging Face Hub download that fails for a reason that may pass (the Hub unreachable, "
                "overloaded or rate limiting) is retried with backoff before the server exits with status 1; the "

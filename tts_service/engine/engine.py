@@ -34,7 +34,7 @@ from observability.metrics import StepObservation
 from scheduler.outputs import CodecChunk, FreedItem, RequestEvent, SchedulerOutput, StepResult
 from scheduler.request import FinishReason, Request
 from scheduler.scheduler import Scheduler
-from tts_service.engine.aligner_worker import AlignerWorker, aligner_worker
+from tts_service.engine.aligner_worker import AlignerWorker, load_aligner
 from tts_service.engine.config import EngineConfig
 from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.segmented import SegmentDoor, SegmentedRequests
@@ -238,7 +238,7 @@ class Engine(StepObservers):
                new_stream: Callable[[str], RequestStream] | None = None) -> Engine:
         """Load order: the aligner, if any (its weights are not the KV cache's to take), the runner (KV allocation,
         graph capture), then a scheduler sized from it."""
-        aligner = None if config.aligner_model is None else aligner_worker(config, model)
+        aligner = None if config.aligner_model is None else AlignerWorker(load_aligner(config, model))
         frame_rate_hz = model.speech_config.frame_rate_hz
         runner = ModelRunner(model, config.runner_config(frame_rate_hz))
         logger.info("kernel paths: %s", runner.kernel_paths)
