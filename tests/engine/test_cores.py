@@ -40,24 +40,40 @@ SEEDED = GenerationParams(talker=SamplingParams(0.9, top_k=50), predictor=Sampli
 LONG = GenerationParams(max_new_frames=400, min_new_frames=400)
 
 
+class SaysWhenWarm(EngineProcess):
+    on_warm: Callable[[], Awaitable[None]] | None = None
+
+    async def warm_up(self) -> bool:
+        is_warm = await super().warm_up()
+        if self.on_warm is not None:
+            await self.on_warm()
+        return is_warm
+
+
 class StartedCores:
     """Starts cores as EngineCores asks, keeping each process it started (in the order they came up), and saying
-    when there are n."""
+    when n have warmed up: the door warms up a core it starts again before it places requests on it."""
 
     def __init__(self) -> None:
         self.processes: list[EngineProcess] = []
-        self._changed = asyncio.Condition()
+        self._num_warm = 0
+        self._warmed = asyncio.Condition()
 
     async def __call__(self, spec: CoreSpec) -> EngineProcess:
-        process = await EngineProcess.start(spec)
-        async with self._changed:
-            self.processes.append(process)
-            self._changed.notify_all()
+        process = await SaysWhenWarm.start(spec)
+        assert isinstance(process, SaysWhenWarm)
+        process.on_warm = self._say_warm
+        self.processes.append(process)
         return process
 
-    async def wait_for(self, count: int) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: len(self.processes) >= count)
+    async def _say_warm(self) -> None:
+        async with self._warmed:
+            self._num_warm += 1
+            self._warmed.notify_all()
+
+    async def wait_for_warm_ups(self, count: int) -> None:
+        async with self._warmed:
+            await self._warmed.wait_for(lambda: self._num_warm >= count)
 
 
 def specs(checkpoint: Path, config: EngineConfig = CONFIG) -> list[CoreSpec]:
@@ -176,8 +192,8 @@ def test_a_core_that_dies_fails_only_its_own_requests_and_starts_again_while_the
         with pytest.raises(EngineCoreLost):
             await lost.collect()
         kept_summary = (await kept.collect())[1]
-        await started.wait_for(3)  # the lost core, started again
-        assert door.is_running and door.num_cores_running == 2
+        await started.wait_for_warm_ups(1)  # the lost core, started again
+        assert door.is_running and door.num_cores_running == 2 and len(started.processes) == 3
         return kept_summary, await synthesize(door, request("after"))
 
     kept, after = with_cores(tiny_checkpoints["custom_voice"], kill_one)

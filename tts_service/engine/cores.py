@@ -11,9 +11,10 @@ waits for another's steps. `EngineCores` is the one door the API sees in front o
 - Cloning from reference audio and word alignment go where a new request would.
 - A core that exits unasked (or that its stall watch kills) fails its own requests and calls, and only those
   (EngineCoreLost: UNAVAILABLE, which a client retries), and is started again while the others serve. One that
-  exits within `MIN_UPTIME_S` of its start, or that cannot be started, is left down and the others serve on.
-  The door runs while a core does; `wait_exited` returns once none does or will, and the server then stops for
-  its supervisor to restart it.
+  exits within `MIN_UPTIME_S` of its start, or that cannot be started and warmed up, is left down and the others
+  serve on. The door runs while a core does; `wait_exited` returns once none does or will, and the server then
+  stops for its supervisor to restart it. (While every core is starting again at once, calls get UNAVAILABLE and
+  health still says SERVING: the door will run again.)
 """
 
 from __future__ import annotations
@@ -222,12 +223,17 @@ class EngineCores(StepObservers):
                 self._exited.set()
 
     async def _restart(self, core: _Core) -> EngineProcess | None:
+        """The core started again and warmed up (as at the server's start), or None if it could not be."""
         core.is_starting = True
+        process = None
         try:
             process = await self._start_core(core.spec)
-        except Exception as error:  # whatever kept it from loading, the others serve on
+            await process.warm_up()
+        except Exception as error:  # whatever kept it from loading or speaking, the others serve on
             logger.error("the engine core on %s could not start again (%s): it is left down, the other cores "
                          "serve on", core.spec.device, error)
+            if process is not None:
+                await process.stop()
             return None
         finally:
             core.is_starting = False
