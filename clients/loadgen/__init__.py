@@ -23,5 +23,6 @@ second at N streams), which an open loop never offers. The summary gives TTFA p5
 of requests in flight (sent and not finished, failed ones included), audio seconds delivered per wall-clock
 second, the requests that stalled at all and those that stalled past 100 ms, the stalls' total and longest
 seconds, and errors by gRPC status. The generator's own lag behind its schedule is recorded too, so a saturated
-client is visible rather than mistaken for a slow server.
+client is visible rather than mistaken for a slow server; `--processes N` shares an open loop's schedule out over N
+worker processes (`processes.py`) for rates one process cannot keep.
 """

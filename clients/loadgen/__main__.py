@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from clients.loadgen.processes import run_schedule_in_processes
 from clients.loadgen.report import summarize, table
 from clients.loadgen.run import RequestSettings, run_closed_loop, run_schedule
 from clients.loadgen.schedule import PlannedRequest, closed_loop_plan, poisson_schedule
@@ -47,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--word-timestamps", action="store_true",
                         help="ask every request for word timestamps (the server needs --aligner-model) and report "
                              "how long each message of words trails the audio of its last word")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="worker processes sharing the open loop's schedule, for rates one process cannot send "
+                             "and read (its lag behind the schedule says when)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--api-key", default="")
     parser.add_argument("--ca", help="PEM CA bundle: connect with TLS")
@@ -78,7 +82,10 @@ async def _run(args: argparse.Namespace) -> dict:
         limits = (await client.list_voices(timeout=args.timeout)).limits
         planned = _plan(args, limits)
         started = time.perf_counter()
-        if args.rate is not None:
+        if args.processes > 1:
+            records = await asyncio.to_thread(run_schedule_in_processes, connection, planned, settings,
+                                              args.processes)
+        elif args.rate is not None:
             records = await run_schedule(client, planned, settings)
         else:
             records = await run_closed_loop(client, planned, settings, args.concurrency)
@@ -89,7 +96,7 @@ async def _run(args: argparse.Namespace) -> dict:
                          "num_requests": args.requests, "rpc": args.rpc, "seed": args.seed,
                          "language": args.language, "encoding": args.encoding, "sample_rate": args.sample_rate,
                          "fragment_interval_s": args.fragment_interval, "max_audio_seconds": args.max_audio_seconds,
-                         "word_timestamps": args.word_timestamps,
+                         "word_timestamps": args.word_timestamps, "processes": args.processes,
                          "server_limits": {"max_audio_seconds": limits.max_audio_seconds,
                                            "max_text_chars": limits.max_text_chars}},
             "schedule": [asdict(request) for request in planned], "wall_s": wall_s,
@@ -121,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rate needs --duration")
     if args.concurrency is not None and args.requests is None:
         parser.error("--concurrency needs --requests")
+    if args.processes < 1 or (args.processes > 1 and args.rate is None):
+        parser.error("--processes must be 1 or more, and more than 1 only with --rate")
     try:
         report = asyncio.run(_run(args))
     except grpc.aio.AioRpcError as error:  # ListVoices, before any load: each request catches its own

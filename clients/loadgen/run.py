@@ -46,10 +46,11 @@ class RequestRecord:
     word_lags_s: tuple[float, ...] = ()
 
 
-async def run_schedule(client: AsyncTtsClient, planned: list[PlannedRequest],
-                       settings: RequestSettings) -> list[RequestRecord]:
+async def run_schedule(client: AsyncTtsClient, planned: list[PlannedRequest], settings: RequestSettings,
+                       start_at: float | None = None) -> list[RequestRecord]:
+    """Each planned request sent at its time after `start_at` (on the loop's clock, time.monotonic; default now)."""
     loop = asyncio.get_running_loop()
-    run_start = loop.time()
+    run_start = loop.time() if start_at is None else start_at
 
     async def at_its_time(request: PlannedRequest) -> RequestRecord:
         await asyncio.sleep(max(0.0, run_start + request.start_s - loop.time()))

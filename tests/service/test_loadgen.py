@@ -43,6 +43,8 @@ def test_a_closed_loop_plan_is_seeded_and_schedules_no_arrival_times() -> None:
     ["--concurrency", "2"],  # no --requests
     ["--rate", "3", "--duration", "2", "--concurrency", "2", "--requests", "4"],  # both loads
     [],  # neither
+    ["--concurrency", "2", "--requests", "4", "--processes", "2"],  # worker processes share an open loop only
+    ["--rate", "3", "--duration", "2", "--processes", "0"],
 ])
 def test_the_loadgen_refuses_a_load_it_cannot_run(arguments: list[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exited:
@@ -137,6 +139,18 @@ def test_a_short_open_loop_run_completes_every_scheduled_request(custom_voice_se
     assert {record["rpc"] for record in requests} <= {"online", "streaming"}
     assert summary["ttfa_ms"]["p50"] > 0 and summary["audio_s_per_wall_s"] > 0 and summary["peak_in_flight"] >= 1
     assert summary["num_requests_with_stalls_over_100ms"] <= summary["num_requests_with_underruns"]
+
+
+def test_an_open_loop_shared_over_worker_processes_sends_each_request_once_at_its_time(
+        custom_voice_server: RunningServer, tmp_path: Path) -> None:
+    alone = run_loadgen(custom_voice_server, tmp_path / "alone.json", "--rpc", "mixed")
+    shared = run_loadgen(custom_voice_server, tmp_path / "shared.json", "--rpc", "mixed", "--processes", "2")
+    requests = shared["requests"]
+    assert shared["schedule"] == alone["schedule"] and shared["settings"]["processes"] == 2
+    assert [record["index"] for record in requests] == [planned["index"] for planned in shared["schedule"]]
+    assert shared["summary"]["num_completed"] == len(requests) > 0
+    # The clock starts once every worker is connected: no worker's start-up (about a second) counts as lag.
+    assert max(record["start_lag_s"] for record in requests) < 0.5
 
 
 def test_a_closed_loop_keeps_its_concurrency_in_flight_and_sends_each_call_when_one_ends(
