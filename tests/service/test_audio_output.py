@@ -12,8 +12,11 @@ import soundfile as sf
 import soxr
 
 from tts_service.audio.output import (
+    MODEL_SAMPLE_RATE,
     AudioEncoding,
     AudioFormatError,
+    FileEncoder,
+    FileEncoding,
     OutputFormat,
     StreamEncoder,
     _Container,
@@ -267,3 +270,28 @@ def test_a_container_that_seeks_back_to_fix_its_header_is_refused_rather_than_se
     sink = _LibsndfileSink(_Container("WAV", "PCM_16"), 24000)
     with pytest.raises(RuntimeError, match="seek back"):
         sink.write(tone(num_samples=100))
+
+
+@pytest.mark.parametrize("encoding", list(FileEncoding))
+def test_a_file_written_chunk_by_chunk_and_spooled_to_disk_decodes_as_the_whole_utterance(
+        encoding: FileEncoding) -> None:
+    samples = (0.4 * np.sin(2 * np.pi * 220 * np.arange(3 * MODEL_SAMPLE_RATE) / MODEL_SAMPLE_RATE)).astype(np.float32)
+
+    def written(pieces: list[np.ndarray], spool_bytes: int) -> np.ndarray:
+        encoder = FileEncoder(encoding, spool_bytes=spool_bytes)
+        try:
+            for piece in pieces:
+                encoder.write(piece)
+            decoded, rate = sf.read(io.BytesIO(encoder.finish().read()), dtype="float32")
+        finally:
+            encoder.close()
+        assert rate == MODEL_SAMPLE_RATE
+        return decoded
+
+    whole = written([samples], spool_bytes=1 << 30)
+    # 80 ms chunks as the engine makes them, into a file that outgrows its 4 KiB in memory at once.
+    chunked = written(np.array_split(samples, len(samples) // 1920), spool_bytes=4096)
+    np.testing.assert_array_equal(chunked, whole)
+    assert abs(len(whole) - len(samples)) <= 2 * 1152  # an MP3 pads to whole frames of 1152 samples
+    level = np.sqrt(np.mean(whole[4096:-4096] ** 2))
+    assert abs(level - 0.4 / np.sqrt(2)) < 0.02

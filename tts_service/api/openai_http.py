@@ -9,9 +9,10 @@ model a voice registered over gRPC (CreateVoice); for a VoiceDesign model `instr
 `model` is the served model's id or one of OpenAI's speech model names, so that a client written for OpenAI runs
 unchanged.
 
-WAV, PCM and Opus are sent as the engine produces them. MP3 and FLAC are sent once the audio is
-complete: libsndfile finishes those files by rewriting their start. A client that disconnects
-cancels its handler (aiohttp's handler cancellation), which aborts its request in the engine.
+WAV, PCM and Opus are sent as the engine produces them. MP3 and FLAC are encoded as the audio comes, into a
+temporary file (in memory while it is small, on disk past that), and sent once the audio is complete: libsndfile
+finishes those files by rewriting their start. A client that disconnects cancels its handler (aiohttp's handler
+cancellation), which aborts its request in the engine.
 
 Nothing a client sends is trusted further than the gRPC door trusts it: the body is read within a size and a time
 limit and parsed as strict JSON (`http_body`), every parameter is checked against the same table of limits
@@ -41,7 +42,7 @@ from tts_service.api.http_body import BodyRefused, read_json
 from tts_service.api.interceptors import ServingState
 from tts_service.api.messages import check_length
 from tts_service.api.speech import SpeechSteps
-from tts_service.audio.output import MODEL_SAMPLE_RATE, AudioEncoding, FileEncoding, OutputFormat, encode_file
+from tts_service.audio.output import MODEL_SAMPLE_RATE, AudioEncoding, FileEncoder, FileEncoding, OutputFormat
 from tts_service.engine import FinishReason, ModelInfo, RequestStream, SynthesisSummary
 
 logger = logging.getLogger("tts_service.api.server")
@@ -54,6 +55,8 @@ SPEECH_ROUTE = "POST /v1/audio/speech"
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 _STREAMED_FORMATS = {"wav": AudioEncoding.WAV, "pcm": AudioEncoding.PCM16, "opus": AudioEncoding.OGG_OPUS}
 _FILE_FORMATS = {"mp3": FileEncoding.MP3, "flac": FileEncoding.FLAC}
+# An MP3 or FLAC file leaves in pieces of this size (an SSE event each, base64).
+_FILE_PIECE_BYTES = 256 * 1024
 # As OpenAI labels them; pcm is 16-bit little-endian mono at 24 kHz, which is the model's rate.
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "flac": "audio/flac", "wav": "audio/wav",
                  "pcm": "audio/pcm"}
@@ -323,12 +326,17 @@ class OpenAISpeechApi:
 
     async def _send_file(self, request: web.Request, response: web.StreamResponse, speech: SpeechRequest,
                          stream: RequestStream, record: CallRecord) -> None:
-        """MP3 or FLAC, written once the whole audio is encoded."""
-        waveform, summary = await self._steps.whole_audio(stream, record)
-        data = await asyncio.to_thread(encode_file, waveform, _FILE_FORMATS[speech.response_format])
-        await self._start(request, response, speech)
-        await self._write(response, speech, data)
-        await self._end(response, speech, summary)
+        """MP3 or FLAC: encoded into a temporary file as the audio comes, sent in pieces once the file is whole."""
+        encoder = FileEncoder(_FILE_FORMATS[speech.response_format])
+        try:
+            summary = await self._steps.written_audio(stream, record, encoder.write)
+            file = await asyncio.to_thread(encoder.finish)
+            await self._start(request, response, speech)
+            while piece := await asyncio.to_thread(file.read, _FILE_PIECE_BYTES):
+                await self._write(response, speech, piece)
+            await self._end(response, speech, summary)
+        finally:
+            encoder.close()
 
     @staticmethod
     async def _write(response: web.StreamResponse, speech: SpeechRequest, audio: bytes) -> None:

@@ -404,11 +404,28 @@ class SpeechSteps:
             waveform, summary = await stream.collect()
         finally:
             self.engine_or_unavailable().abort(record.request_id)
+        self._end_whole(record, summary)
+        return waveform, summary
+
+    async def written_audio(self, stream: RequestStream, record: CallRecord,
+                            write: Callable[[np.ndarray], None]) -> SynthesisSummary:
+        """As `whole_audio`, each piece of the audio handed to `write` (in a worker thread) as it comes instead of
+        kept: a long document's samples are never all held."""
+        try:
+            async for piece in stream:
+                await asyncio.to_thread(write, piece.samples)
+        finally:
+            self.engine_or_unavailable().abort(record.request_id)
+        summary = stream.summary
+        assert summary is not None
+        self._end_whole(record, summary)
+        return summary
+
+    def _end_whole(self, record: CallRecord, summary: SynthesisSummary) -> None:
         if summary.finish_reason is FinishReason.ABORTED:
             raise self.deadline_error(record)
         self._finish_record(record, summary)
         self._log_done(summary)
-        return waveform, summary
 
     def deadline_error(self, record: CallRecord) -> ApiError:
         """Why a request whose call is still open was aborted: the server's limit, or the client's deadline, came

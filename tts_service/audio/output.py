@@ -1,7 +1,7 @@
 """Model audio (24 kHz mono float32, arriving in chunks) -> the bytes a client asked for.
 
 Encodings: headerless PCM16 (little-endian), WAV, Ogg/Opus, and headerless G.711 mu-law / A-law;
-MP3 and FLAC as whole files only (`encode_file`).
+MP3 and FLAC as whole files only (`FileEncoder`: written as the audio comes, readable once complete).
 Every encoding goes through the same steps: soxr's streaming resampler to the requested rate,
 clipping to [-1, 1], then libsndfile, written incrementally into a file object that hands each
 encode() the bytes produced so far. soxr's stream carries its filter state across chunks, so
@@ -15,8 +15,10 @@ from __future__ import annotations
 import enum
 import io
 import struct
+import tempfile
 import wave
 from dataclasses import dataclass
+from typing import BinaryIO, cast
 
 import numpy as np
 import soundfile as sf
@@ -33,6 +35,9 @@ _RESAMPLE_QUALITY = "HQ"
 _OGG_PAGE_LATENCY_MS = 80.0
 _SFC_SET_OGG_PAGE_LATENCY_MS = 0x1302  # sndfile.h; soundfile exposes no wrapper for it
 _STREAMING_WAV_SIZE = 0xFFFFFFFF
+# An MP3 or FLAC file is kept in memory up to this size, on disk past it: the files of short calls never touch the
+# disk, a long document's take a few megabytes of memory whatever its length.
+FILE_SPOOL_BYTES = 8 * 1024 * 1024
 
 
 class AudioFormatError(ValueError):
@@ -163,7 +168,7 @@ def encode_whole(samples: np.ndarray, output: OutputFormat, source_rate: int = M
 
 class FileEncoding(enum.Enum):
     """Containers libsndfile completes by seeking back to their start when it closes them (FLAC's stream length,
-    MP3's LAME tag, without which decoders misread the first frames): written whole, once the audio is complete."""
+    MP3's LAME tag, without which decoders misread the first frames): sent whole, once the audio is complete."""
 
     MP3 = "mp3"
     FLAC = "flac"
@@ -175,13 +180,32 @@ _FILE_CONTAINERS = {
 }
 
 
-def encode_file(samples: np.ndarray, encoding: FileEncoding, sample_rate: int = MODEL_SAMPLE_RATE) -> bytes:
-    """A whole utterance at `sample_rate` (the model's) -> one MP3 or FLAC file, written by libsndfile."""
-    container = _FILE_CONTAINERS[encoding]
-    buffer = io.BytesIO()
-    sf.write(buffer, np.clip(_as_mono_float32(samples), -1.0, 1.0), sample_rate, format=container.format,
-             subtype=container.subtype)
-    return buffer.getvalue()
+class FileEncoder:
+    """An MP3 or FLAC file written by libsndfile as the audio comes, into a temporary file held in memory up to
+    `spool_bytes` and on disk past it: a long document is never held as samples (an hour of them is 345 MB of
+    float32), nor as a file in memory (an hour of FLAC is some 80 MB). Not thread-safe: one writer at a time."""
+
+    def __init__(self, encoding: FileEncoding, sample_rate: int = MODEL_SAMPLE_RATE,
+                 spool_bytes: int = FILE_SPOOL_BYTES) -> None:
+        container = _FILE_CONTAINERS[encoding]
+        self._file = tempfile.SpooledTemporaryFile(max_size=spool_bytes)  # noqa: SIM115 (closed by close())
+        self._sound = sf.SoundFile(self._file, mode="w", samplerate=sample_rate, channels=1,
+                                   format=container.format, subtype=container.subtype)
+
+    def write(self, samples: np.ndarray) -> None:
+        """The next samples (the model's rate, mono float32), clipped to [-1, 1]."""
+        self._sound.write(np.clip(_as_mono_float32(samples), -1.0, 1.0))
+
+    def finish(self) -> BinaryIO:
+        """The complete file, read from its start; it lives until close()."""
+        self._sound.close()
+        self._file.seek(0)
+        return cast(BinaryIO, self._file)
+
+    def close(self) -> None:
+        if not self._sound.closed:
+            self._sound.close()
+        self._file.close()
 
 
 def _encode_at_once(samples: np.ndarray, output: OutputFormat, source_rate: int) -> bytes:
