@@ -21,15 +21,6 @@ for spec in "$@"; do
   done
   stop_server
   grep -i -E "traceback|error|stall detected|gc pause" "$out/server.log" | head -20
-  python3 - "$out" <<'PY'
-import gzip, json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-summaries = {}
-for path in sorted(out.glob("lg-*.json.gz")):
-    with gzip.open(path, "rt") as file:
-        summaries[path.name.removeprefix("lg-").removesuffix(".json.gz")] = json.load(file)["summary"]
-    path.unlink()
-(out / "summary.json").write_text(json.dumps(summaries, indent=1))
-PY
+  python3 -m benchmarks.loadgen_summaries "$out"
   rm -f "$out/server.log"
 done

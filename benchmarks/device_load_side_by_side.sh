@@ -32,16 +32,7 @@ PY
         --out "$out/lg-$rate.json.gz" | tee -a "$out/loadgen.txt"
   done
   kill -TERM $pid; wait $pid; echo "$label server exit $?"
-  python3 - "$out" <<'PY'
-import gzip, json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-summaries = {}
-for path in sorted(out.glob("lg-*.json.gz")):
-    with gzip.open(path, "rt") as file:
-        summaries[path.name.removeprefix("lg-").removesuffix(".json.gz")] = json.load(file)["summary"]
-    path.unlink()
-(out / "summary.json").write_text(json.dumps(summaries, indent=1))
-PY
+  python3 -m benchmarks.loadgen_summaries "$out"
   grep -i -E "error|traceback|stall|gc pause" "$out/server.log" | head -20
   rm -f "$out/server.log"
 done

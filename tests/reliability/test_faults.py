@@ -21,7 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.qwen3_tts_client import AsyncTtsClient, Connection, Generation, TtsClient
-from tests.service.helpers import RYAN, RunningServer, start_server, wait_until
+from tests.service.helpers import RYAN, RunningServer, start_server, status_of, wait_until
 from tests.service.processes import ROOT, server_process
 from tts_service.engine.engine import Engine
 from tts_service.model.checkpoint import LoadedModel
@@ -189,16 +189,6 @@ def engine_core_pid(server_pid: int) -> int:
     cores = [int(pid) for pid in children if "resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_text()]
     assert len(cores) == 1, children
     return cores[0]
-
-
-def status_of(responses: Iterator[Any]) -> grpc.StatusCode:
-    """How a call ends: OK, or the status of the error it ends with."""
-    try:
-        for _ in responses:
-            pass
-    except grpc.RpcError as error:
-        return error.code()
-    return grpc.StatusCode.OK
 
 
 def test_the_engine_core_dying_mid_stream_ends_calls_unavailable_says_not_serving_and_exits_1(

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
+
+import grpc
 
 from clients.qwen3_tts_client import Connection, Generation, TtsClient, Voice
 from observability.metrics import ServiceMetrics
@@ -99,6 +101,16 @@ def start_server(model: LoadedModel | None, config: ServerConfig = TEST_CONFIG, 
     if with_engine:
         running.attach_engine()
     return running
+
+
+def status_of(responses: Iterator[Any]) -> grpc.StatusCode:
+    """How a call ends: OK, or the status of the error it ends with."""
+    try:
+        for _ in responses:
+            pass
+    except grpc.RpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:

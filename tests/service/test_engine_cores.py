@@ -7,32 +7,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.qwen3_tts_client import Generation
 from observability.metrics import ServiceMetrics
-from tests.service.helpers import RYAN, start_server
+from tests.service.helpers import RYAN, start_server, status_of
 from tests.service.test_metrics import samples, value
 from tts_service.engine import CoreSpec, EngineCores, EngineProcess
 from tts_service.engine.cores import core_specs
 
 LONG = Generation(temperature=0.0, max_audio_seconds=12.0)
 SHORT = Generation(temperature=0.0, max_audio_seconds=0.24)
-
-
-def status_of(responses: Iterator[Any]) -> grpc.StatusCode:
-    try:
-        for _ in responses:
-            pass
-    except grpc.RpcError as error:
-        return error.code()
-    return grpc.StatusCode.OK
 
 
 def test_a_dead_core_fails_only_its_own_call_and_the_server_serves_on_with_the_other(
