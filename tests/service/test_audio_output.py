@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import struct
+import threading
 import wave
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import soundfile as sf
 import soxr
 
+from tts_service.audio import output
 from tts_service.audio.output import (
     MODEL_SAMPLE_RATE,
     AudioEncoding,
@@ -295,3 +297,48 @@ def test_a_file_written_chunk_by_chunk_and_spooled_to_disk_decodes_as_the_whole_
     assert abs(len(whole) - len(samples)) <= 2 * 1152  # an MP3 pads to whole frames of 1152 samples
     level = np.sqrt(np.mean(whole[4096:-4096] ** 2))
     assert abs(level - 0.4 / np.sqrt(2)) < 0.02
+
+
+
+class _SlowSoundFile:
+    """Stands in for libsndfile's file: a write that lasts until released, and a close that notes whether a write
+    was still running when it came."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.closed = False
+        self.writing = threading.Event()
+        self.release = threading.Event()
+        self.closed_mid_write = False
+
+    def write(self, samples: np.ndarray) -> None:
+        if self.closed:
+            raise RuntimeError("I/O operation on closed file")
+        self.writing.set()
+        self.release.wait(timeout=30)
+        self.writing.clear()
+
+    def close(self) -> None:
+        self.closed_mid_write = self.writing.is_set()
+        self.closed = True
+
+
+def test_a_file_closed_while_a_worker_thread_writes_it_waits_for_the_write_and_refuses_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client gone mid-call tears its call down on the event loop while a chunk is encoded in a worker thread:
+    libsndfile must not close the file under that write."""
+    monkeypatch.setattr(output.sf, "SoundFile", _SlowSoundFile)
+    encoder = FileEncoder(FileEncoding.MP3)
+    sound = encoder._sound  # the stand-in: what it saw is the test's evidence
+    writer = threading.Thread(target=encoder.write, args=(np.zeros(1920, dtype=np.float32),))
+    writer.start()
+    assert sound.writing.wait(timeout=30)
+    closer = threading.Thread(target=encoder.close)
+    closer.start()
+    closer.join(timeout=0.2)
+    assert closer.is_alive()  # waiting for the write
+    sound.release.set()
+    writer.join(timeout=30)
+    closer.join(timeout=30)
+    assert not closer.is_alive() and sound.closed and not sound.closed_mid_write
+    with pytest.raises(RuntimeError):
+        encoder.write(np.zeros(1920, dtype=np.float32))

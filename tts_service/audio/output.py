@@ -16,6 +16,7 @@ import enum
 import io
 import struct
 import tempfile
+import threading
 import wave
 from dataclasses import dataclass
 from typing import BinaryIO, cast
@@ -183,7 +184,11 @@ _FILE_CONTAINERS = {
 class FileEncoder:
     """An MP3 or FLAC file written by libsndfile as the audio comes, into a temporary file held in memory up to
     `spool_bytes` and on disk past it: a long document is never held as samples (an hour of them is 345 MB of
-    float32), nor as a file in memory (an hour of FLAC is some 80 MB). Not thread-safe: one writer at a time."""
+    float32), nor as a file in memory (an hour of FLAC is some 80 MB).
+
+    Writes run in worker threads while the call is torn down on the event loop (a client gone mid-call): close()
+    waits for a write in progress, since libsndfile closing a file another thread writes would free what that write
+    uses. A write after close() raises."""
 
     def __init__(self, encoding: FileEncoding, sample_rate: int = MODEL_SAMPLE_RATE,
                  spool_bytes: int = FILE_SPOOL_BYTES) -> None:
@@ -191,21 +196,26 @@ class FileEncoder:
         self._file = tempfile.SpooledTemporaryFile(max_size=spool_bytes)  # noqa: SIM115 (closed by close())
         self._sound = sf.SoundFile(self._file, mode="w", samplerate=sample_rate, channels=1,
                                    format=container.format, subtype=container.subtype)
+        self._lock = threading.Lock()
 
     def write(self, samples: np.ndarray) -> None:
         """The next samples (the model's rate, mono float32), clipped to [-1, 1]."""
-        self._sound.write(np.clip(_as_mono_float32(samples), -1.0, 1.0))
+        clipped = np.clip(_as_mono_float32(samples), -1.0, 1.0)
+        with self._lock:
+            self._sound.write(clipped)
 
     def finish(self) -> BinaryIO:
         """The complete file, read from its start; it lives until close()."""
-        self._sound.close()
-        self._file.seek(0)
+        with self._lock:
+            self._sound.close()
+            self._file.seek(0)
         return cast(BinaryIO, self._file)
 
     def close(self) -> None:
-        if not self._sound.closed:
-            self._sound.close()
-        self._file.close()
+        with self._lock:
+            if not self._sound.closed:
+                self._sound.close()
+            self._file.close()
 
 
 def _encode_at_once(samples: np.ndarray, output: OutputFormat, source_rate: int) -> bytes:
