@@ -20,7 +20,7 @@ for spec in "$@"; do
         --processes "$processes" --out "$out/lg-$rate.json.gz" | tee -a "$out/loadgen.txt"
   done
   stop_server
-  grep -i -E "traceback|error|stall detected|gc pause" "$out/server.log" | head -20
+  grep -i -E "traceback|error|stall detected|garbage collection paused" "$out/server.log" | head -20
   python3 -m benchmarks.loadgen_summaries "$out"
   rm -f "$out/server.log"
 done

@@ -33,6 +33,6 @@ PY
   done
   kill -TERM $pid; wait $pid; echo "$label server exit $?"
   python3 -m benchmarks.loadgen_summaries "$out"
-  grep -i -E "error|traceback|stall|gc pause" "$out/server.log" | head -20
+  grep -i -E "error|traceback|stall|garbage collection paused" "$out/server.log" | head -20
   rm -f "$out/server.log"
 done

@@ -389,6 +389,8 @@ class TtsServer:
         self.port = listen(self._server, "--port", config.port, server_credentials(config))
         # The kubelet's gRPC probes speak plaintext only: a TLS server can offer them health alone.
         self._health_server: grpc.aio.Server | None = None
+        # Ends by itself once the engine has (its stop included).
+        self._cores_follower: asyncio.Task[None] | None = None
         self.health_port: int | None = None
         if config.health_port is not None:
             self._health_server = grpc.aio.server(interceptors=[RequestParsingInterceptor()], options=[exclusive_port])
@@ -480,11 +482,22 @@ class TtsServer:
         self.steps.engine = engine
         self.state.is_ready = True
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._cores_follower = asyncio.create_task(self._follow_cores(engine), name="tts-health-follows-cores")
         if engine.model_info.is_random:
             logger.warning("serving %s: RANDOM weights, as --model asked; every call gets noise, not speech",
                            engine.model_info.source)
         else:
             logger.info("serving %s", engine.model_info.source)
+
+    async def _follow_cores(self, engine: EngineDoor) -> None:
+        """Health says NOT_SERVING while no engine core runs (with several, every one starting again at once), and
+        SERVING again once one does. A drain's NOT_SERVING stays: the health service ignores changes after it."""
+        while await engine.wait_cores_changed():
+            is_serving = engine.num_cores_running > 0
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING if is_serving else
+                                   health_pb2.HealthCheckResponse.NOT_SERVING)
+            if not is_serving:
+                logger.error("not serving while every engine core starts again")
 
     async def stop_serving(self) -> None:
         """The engine has gone: health says NOT_SERVING and new speech calls are refused (UNAVAILABLE)."""

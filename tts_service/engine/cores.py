@@ -13,8 +13,8 @@ waits for another's steps. `EngineCores` is the one door the API sees in front o
   (EngineCoreLost: UNAVAILABLE, which a client retries), and is started again while the others serve. One that
   exits within `MIN_UPTIME_S` of its start, or that cannot be started and warmed up, is left down and the others
   serve on. The door runs while a core does; `wait_exited` returns once none does or will, and the server then
-  stops for its supervisor to restart it. (While every core is starting again at once, calls get UNAVAILABLE and
-  health still says SERVING: the door will run again.)
+  stops for its supervisor to restart it. While every core is starting again at once, calls get UNAVAILABLE and
+  the server's health says NOT_SERVING until one runs (`wait_cores_changed`).
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class EngineCores(StepObservers):
         self._start_core = start_core
         self._is_stopping = False
         self._exited = asyncio.Event()
+        self._cores_changed = asyncio.Event()
         self._keepers = [asyncio.get_running_loop().create_task(self._keep_running(core), name="tts-core-keeper")
                          for core in self._cores]
 
@@ -123,6 +124,13 @@ class EngineCores(StepObservers):
     async def wait_exited(self) -> None:
         """Return once no core runs or will run again."""
         await self._exited.wait()
+
+    async def wait_cores_changed(self) -> bool:
+        """Return once a core has stopped or started again (`num_cores_running` says how many run now): True while
+        a core runs or will, False once the door has exited."""
+        if not self._exited.is_set():
+            await self._cores_changed.wait()
+        return not self._exited.is_set()
 
     # -- calls ------------------------------------------------------------------------------------
 
@@ -178,6 +186,7 @@ class EngineCores(StepObservers):
         await asyncio.gather(*self._keepers, return_exceptions=True)
         await asyncio.gather(*(core.process.stop() for core in self._cores if core.process is not None))
         self._exited.set()
+        self._say_cores_changed()
 
     # -- placement ----------------------------------------------------------------------------------
 
@@ -210,6 +219,7 @@ class EngineCores(StepObservers):
                     return
                 uptime_s = self.clock() - core.started_at
                 core.process = None
+                self._say_cores_changed()
                 if uptime_s < MIN_UPTIME_S:
                     logger.error("the engine core on %s exited %.0f s after its start: it is left down, the other "
                                  "cores serve on", core.spec.device, uptime_s)
@@ -217,10 +227,17 @@ class EngineCores(StepObservers):
                 logger.error("the engine core on %s exited: it starts again, the other cores serve meanwhile",
                              core.spec.device)
                 core.process = await self._restart(core)
+                self._say_cores_changed()
         finally:
             if not self._is_stopping and all(other.process is None and not other.is_starting
                                              for other in self._cores):
                 self._exited.set()
+                self._say_cores_changed()
+
+    def _say_cores_changed(self) -> None:
+        """Wake every waiter of `wait_cores_changed`; later calls wait for the next change."""
+        self._cores_changed.set()
+        self._cores_changed = asyncio.Event()
 
     async def _restart(self, core: _Core) -> EngineProcess | None:
         """The core started again and warmed up (as at the server's start), or None if it could not be."""

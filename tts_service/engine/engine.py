@@ -304,6 +304,11 @@ class Engine(StepObservers):
         with contextlib.suppress(Exception):
             await self.join()
 
+    async def wait_cores_changed(self) -> bool:
+        """As EngineCores': one core's only change is its end, after which it never runs again."""
+        await self.wait_exited()
+        return False
+
     @property
     def is_running(self) -> bool:
         return self._task is not None and not self._task.done() and not self._is_stopping

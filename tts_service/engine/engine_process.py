@@ -203,6 +203,11 @@ class EngineProcess(StepObservers):
         """Return once the core's process has gone (asked to or not)."""
         await self._exited.wait()
 
+    async def wait_cores_changed(self) -> bool:
+        """As EngineCores': one core's only change is its end, after which it never runs again."""
+        await self.wait_exited()
+        return False
+
     # -- calls ------------------------------------------------------------------------------------
 
     async def submit(self, request: SynthesisRequest) -> RequestStream:
