@@ -33,8 +33,8 @@ OPUS_RATES = (8000, 16000, 24000, 48000)
 NUM_SAMPLES = 19200
 # Irregular model chunks, including empty and one-sample ones; the rest of the signal follows them.
 CHUNK_SIZES = (0, 1, 479, 0, 1920, 7, 3840, 1, 1, 2000)
-# libsndfile (clipping on, as soundfile sets it) writes PCM16 as rint(x * 32768) saturated to int16 and reads it
-# back as n / 32768, so a sample returns within half a step; one step allows for full-scale saturation.
+# PCM16 is floor(x * 32768) saturated to int16 (libsndfile's rule, which the encoder follows) and reads back as
+# n / 32768, so a sample returns within one step.
 PCM16_TOLERANCE = 1 / 32768
 # G.711 keeps about 8 bits of a 13/14-bit magnitude; its error scales with the amplitude.
 G711_RELATIVE_RMS_ERROR = 0.05
@@ -209,6 +209,19 @@ def test_resampling_filters_out_what_the_output_rate_cannot_carry() -> None:
     # The tone's abrupt start and end are broadband clicks that rightly pass; 50 ms later only the tone is left.
     steady = decoded[400:-400]
     assert np.abs(steady).max() <= PCM16_TOLERANCE
+
+
+def test_pcm16_bytes_are_the_ones_libsndfile_writes_for_every_step_and_between() -> None:
+    # The encoder casts PCM16 itself (libsndfile's file callbacks cost six times as much); every quantisation
+    # step's edge, each side of it, and random samples must come out as libsndfile writes them.
+    steps = np.arange(-32770, 32770, dtype=np.float64) / 32768
+    edges = np.concatenate([steps, steps + 0.5 / 32768, np.nextafter(steps, -np.inf), np.nextafter(steps, np.inf)])
+    samples = np.concatenate([edges.astype(np.float32),
+                              np.random.default_rng(3).uniform(-1.2, 1.2, 100_000).astype(np.float32)])
+    clipped = np.clip(samples, -1.0, 1.0)
+    oracle = io.BytesIO()
+    sf.write(oracle, clipped, 24000, format="RAW", subtype="PCM_16", endian="LITTLE")
+    assert encode_whole(samples, OutputFormat(AudioEncoding.PCM16, 24000)) == oracle.getvalue()
 
 
 def test_samples_beyond_full_scale_saturate_instead_of_wrapping() -> None:

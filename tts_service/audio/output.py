@@ -4,7 +4,8 @@ Encodings: headerless PCM16 (little-endian), WAV, Ogg/Opus, and headerless G.711
 MP3 and FLAC as whole files only (`FileEncoder`: written as the audio comes, readable once complete).
 Every encoding goes through the same steps: soxr's streaming resampler to the requested rate,
 clipping to [-1, 1], then libsndfile, written incrementally into a file object that hands each
-encode() the bytes produced so far. soxr's stream carries its filter state across chunks, so
+encode() the bytes produced so far; PCM16 (and WAV's samples) are cast by numpy instead, to the
+same bytes (`_Pcm16Sink`). soxr's stream carries its filter state across chunks, so
 any chunking of an utterance gives the samples of one-shot resampling; the headerless encodings
 are per-sample, so their streamed bytes equal the whole-utterance bytes exactly.
 This module deliberately needs no torch.
@@ -67,9 +68,6 @@ class _Container:
 
 
 _CONTAINERS = {
-    # WAV's samples are PCM16; its header is written here, not by libsndfile, which would seek back to fix it.
-    AudioEncoding.PCM16: _Container("RAW", "PCM_16", "LITTLE"),
-    AudioEncoding.WAV: _Container("RAW", "PCM_16", "LITTLE"),
     AudioEncoding.OGG_OPUS: _Container("OGG", "OPUS"),
     AudioEncoding.MULAW: _Container("RAW", "ULAW"),
     AudioEncoding.ALAW: _Container("RAW", "ALAW"),
@@ -124,7 +122,10 @@ class StreamEncoder:
 
     def __init__(self, output: OutputFormat, source_rate: int = MODEL_SAMPLE_RATE) -> None:
         self._resampler = _Resampler(source_rate, output.sample_rate)
-        self._sink = _LibsndfileSink(_CONTAINERS[output.encoding], output.sample_rate)
+        # WAV's samples are PCM16; its header is written here, not by libsndfile, which would seek back to fix it.
+        self._sink: _Pcm16Sink | _LibsndfileSink = (
+            _Pcm16Sink() if output.encoding in (AudioEncoding.PCM16, AudioEncoding.WAV)
+            else _LibsndfileSink(_CONTAINERS[output.encoding], output.sample_rate))
         self._header = _streaming_wav_header(output.sample_rate) if output.encoding is AudioEncoding.WAV else b""
         self._num_output_samples = 0
         self._is_finished = False
@@ -245,6 +246,20 @@ class _Resampler:
     def flush(self) -> np.ndarray:
         empty = np.zeros(0, dtype=np.float32)
         return empty if self._stream is None else self._stream.resample_chunk(empty, last=True)
+
+
+class _Pcm16Sink:
+    """Little-endian PCM16 cast by numpy, by libsndfile's own rule (since 1.1: floor(x * 32768), saturated), so its
+    bytes are what libsndfile writes for the same samples (tests/service/test_audio_output.py). Every audio chunk
+    of the default encoding comes through here: libsndfile's Python file callbacks cost about six times the cast,
+    a fifth of the front door's host time under load (BENCHMARKS.md, "Several GPUs behind one server")."""
+
+    def write(self, samples: np.ndarray) -> bytes:
+        scaled = np.floor(samples * np.float32(32768))
+        return np.clip(scaled, -32768, 32767).astype("<i2").tobytes()
+
+    def close(self) -> bytes:
+        return b""
 
 
 class _LibsndfileSink:
