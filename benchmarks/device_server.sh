@@ -3,6 +3,7 @@
 # It installs the carried wheels (.whl/site, .whl/grpc, .whl/otel: fetched here by benchmarks/fetch_wheels.sh),
 # starts `python -m tts_service` logging into OUT_DIR/server.log, stops it with SIGTERM when the script exits
 # (or at `stop_server`, which waits for it), and returns once the server answers SERVING (health Watch: no polling).
+# With SERVER_PROFILE=FILE set, the server's process runs under cProfile, which writes FILE when it stops.
 install_wheels() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$1" "${@:2}"; }
 install_wheels /tmp/site .whl/site/*.whl .whl/grpc/*.whl .whl/otel/*.whl
 export PYTHONPATH="$PWD:$PWD/proto:/tmp/site" PYTHONUNBUFFERED=1
@@ -11,7 +12,7 @@ start_server() {
   local out=$1 model=$2 port=$3
   mkdir -p "$out"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.csv"
-  python3 -m tts_service --model "$model" --port "$port" --host 127.0.0.1 "${@:4}" > "$out/server.log" 2>&1 &
+  python3 ${SERVER_PROFILE:+-m cProfile -o "$SERVER_PROFILE"} -m tts_service --model "$model" --port "$port" --host 127.0.0.1 "${@:4}" > "$out/server.log" 2>&1 &
   server=$!
   trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
   python3 - "$port" <<'PY'
