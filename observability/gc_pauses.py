@@ -18,8 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
-# A collection that stops a serving process this long delays every stream's next step or write: worth a log line.
-LOGGED_PAUSE_S = 0.01
+# A collection that stops a serving process this long delays every stream's next step or write by about a frame
+# step (3.6-8 ms): worth a log line.
+LOGGED_PAUSE_S = 0.005
 
 
 def freeze_startup_objects() -> int:
