@@ -20,6 +20,7 @@ from tts_service.engine import (
     EngineConfig,
     EngineCoreLost,
     EngineCores,
+    EngineOccupancy,
     EngineProcess,
     EngineStoppedError,
     FinishReason,
@@ -233,3 +234,70 @@ def test_a_core_that_cannot_load_fails_the_start_and_the_cores_that_loaded_are_s
     with pytest.raises(Exception, match="no-such-checkpoint"):
         asyncio.run(EngineCores.start([good, bad], start_core))
     assert len(loaded) == 1 and not loaded[0].is_alive
+
+
+class CountingCore:
+    """Stands in for an engine core's process where only its reports matter: preemptions, and an exit on cue."""
+
+    model_info = None
+
+    def __init__(self, num_preemptions: int) -> None:
+        self.num_preemptions = num_preemptions
+        self._exited = asyncio.Event()
+
+    @property
+    def is_running(self) -> bool:
+        return not self._exited.is_set()
+
+    def occupancy(self) -> EngineOccupancy:
+        return EngineOccupancy(0, 0, 0, self.num_preemptions, 0, 0)
+
+    def captured_graph_batch_sizes(self) -> dict[str, list[int]]:
+        return {}
+
+    def add_step_observer(self, observer: object) -> None:
+        pass
+
+    async def warm_up(self) -> bool:
+        return True
+
+    async def wait_exited(self) -> None:
+        await self._exited.wait()
+
+    def exit(self) -> None:
+        self._exited.set()
+
+    async def stop(self) -> None:
+        self.exit()
+
+
+def test_preemptions_since_the_start_never_step_down_when_a_core_starts_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cores, "MIN_UPTIME_S", 0.0)
+
+    async def run() -> list[int]:
+        first, second, again = CountingCore(3), CountingCore(5), CountingCore(0)
+        starting, may_start = asyncio.Event(), asyncio.Event()
+
+        async def start_again(spec: CoreSpec) -> EngineProcess:
+            starting.set()
+            await may_start.wait()
+            return again  # type: ignore[return-value]
+
+        door = EngineCores(specs(Path("unused")), [first, second], start_again)  # type: ignore[list-item]
+        totals = [door.occupancy().num_preemptions_total]
+        first.exit()
+        totals.append(door.occupancy().num_preemptions_total)  # gone, its keeper not yet told
+        await starting.wait()  # its keeper has taken it down and starts it again
+        totals.append(door.occupancy().num_preemptions_total)
+        may_start.set()
+        assert await door.wait_cores_changed(1)
+        assert door.num_cores_running == 2
+        totals.append(door.occupancy().num_preemptions_total)
+        again.num_preemptions = 2
+        totals.append(door.occupancy().num_preemptions_total)
+        await door.stop()
+        assert not await door.wait_cores_changed(2)
+        return totals
+
+    assert asyncio.run(asyncio.wait_for(run(), 30)) == [8, 8, 8, 8, 10]

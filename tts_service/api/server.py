@@ -492,11 +492,12 @@ class TtsServer:
     async def _follow_cores(self, engine: EngineDoor) -> None:
         """Health says NOT_SERVING while no engine core runs (with several, every one starting again at once), and
         SERVING again once one does. A drain's NOT_SERVING stays: the health service ignores changes after it."""
-        while await engine.wait_cores_changed():
-            is_serving = engine.num_cores_running > 0
-            await self._set_health(health_pb2.HealthCheckResponse.SERVING if is_serving else
+        num_running = engine.num_cores_running
+        while await engine.wait_cores_changed(num_running):
+            num_running = engine.num_cores_running
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING if num_running else
                                    health_pb2.HealthCheckResponse.NOT_SERVING)
-            if not is_serving:
+            if not num_running:
                 logger.error("not serving while every engine core starts again")
 
     async def stop_serving(self) -> None:

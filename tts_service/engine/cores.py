@@ -76,6 +76,9 @@ class EngineCores(StepObservers):
         self._is_stopping = False
         self._exited = asyncio.Event()
         self._cores_changed = asyncio.Event()
+        # Preemptions of cores that have exited: the total counts since the door's start, so it never steps down
+        # when a core is started again (a counter that did would read as a reset).
+        self._num_retired_preemptions = 0
         self._keepers = [asyncio.get_running_loop().create_task(self._keep_running(core), name="tts-core-keeper")
                          for core in self._cores]
 
@@ -103,10 +106,14 @@ class EngineCores(StepObservers):
         return len(self._running())
 
     def occupancy(self) -> EngineOccupancy:
-        """The running cores' loads, added up."""
+        """The running cores' loads, added up. Preemptions count since the door's start: every core's last report
+        (one that has just exited too) and those of the cores that exited before."""
         loads = [process.occupancy() for process in self._running()]
-        return EngineOccupancy(*(sum(getattr(load, item.name) for load in loads)
-                                 for item in dataclasses.fields(EngineOccupancy)))
+        total = EngineOccupancy(*(sum(getattr(load, item.name) for load in loads)
+                                  for item in dataclasses.fields(EngineOccupancy)))
+        num_preemptions = self._num_retired_preemptions + sum(
+            core.process.occupancy().num_preemptions_total for core in self._cores if core.process is not None)
+        return dataclasses.replace(total, num_preemptions_total=num_preemptions)
 
     def captured_graph_batch_sizes(self) -> dict[str, list[int]]:
         return self._graph_batch_sizes
@@ -125,10 +132,10 @@ class EngineCores(StepObservers):
         """Return once no core runs or will run again."""
         await self._exited.wait()
 
-    async def wait_cores_changed(self) -> bool:
-        """Return once a core has stopped or started again (`num_cores_running` says how many run now): True while
-        a core runs or will, False once the door has exited."""
-        if not self._exited.is_set():
+    async def wait_cores_changed(self, num_running_seen: int) -> bool:
+        """Return once `num_cores_running` differs from `num_running_seen` (at once if it already does, so that a
+        caller who was busy misses no change): True while a core runs or will, False once the door has exited."""
+        while not self._exited.is_set() and self.num_cores_running == num_running_seen:
             await self._cores_changed.wait()
         return not self._exited.is_set()
 
@@ -218,6 +225,7 @@ class EngineCores(StepObservers):
                 if self._is_stopping:
                     return
                 uptime_s = self.clock() - core.started_at
+                self._num_retired_preemptions += core.process.occupancy().num_preemptions_total
                 core.process = None
                 self._say_cores_changed()
                 if uptime_s < MIN_UPTIME_S:
@@ -235,7 +243,7 @@ class EngineCores(StepObservers):
                 self._say_cores_changed()
 
     def _say_cores_changed(self) -> None:
-        """Wake every waiter of `wait_cores_changed`; later calls wait for the next change."""
+        """Wake every waiter of `wait_cores_changed` to look again; later waits wait for the next change."""
         self._cores_changed.set()
         self._cores_changed = asyncio.Event()
 

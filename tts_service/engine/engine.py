@@ -304,7 +304,7 @@ class Engine(StepObservers):
         with contextlib.suppress(Exception):
             await self.join()
 
-    async def wait_cores_changed(self) -> bool:
+    async def wait_cores_changed(self, num_running_seen: int) -> bool:
         """As EngineCores': one core's only change is its end, after which it never runs again."""
         await self.wait_exited()
         return False

@@ -203,7 +203,7 @@ class EngineProcess(StepObservers):
         """Return once the core's process has gone (asked to or not)."""
         await self._exited.wait()
 
-    async def wait_cores_changed(self) -> bool:
+    async def wait_cores_changed(self, num_running_seen: int) -> bool:
         """As EngineCores': one core's only change is its end, after which it never runs again."""
         await self.wait_exited()
         return False
