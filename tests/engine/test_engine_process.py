@@ -318,8 +318,8 @@ def run_core_whose_marked_step_never_ends(spec: CoreSpec, channel: socket.socket
     run_core(spec, channel)
 
 
-def test_a_core_whose_step_never_ends_is_killed_though_its_event_loop_still_answers(
-        tiny_checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_core_whose_step_never_ends_is_killed_though_its_event_loop_still_answers_and_says_where_it_was_stuck(
+        tiny_checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(engine_process, "run_core", run_core_whose_marked_step_never_ends)
     marked = GenerationParams(max_new_frames=12, min_new_frames=12, seed=STUCK_SEED)
 
@@ -339,6 +339,8 @@ def test_a_core_whose_step_never_ends_is_killed_though_its_event_loop_still_answ
     answered, ended_s = with_core(tiny_checkpoints["custom_voice"], get_stuck, stall_timeout_s=SHORT_STALL_TIMEOUT_S)
     assert answered == []
     assert ended_s < SHORT_STALL_TIMEOUT_S + NOTICE_MARGIN_S
+    # Before it was killed, the core wrote every thread's stack to its stderr: the stuck one's names the call.
+    assert "in stuck_on_the_marked_request" in capfd.readouterr().err
 
 
 def test_an_idle_core_and_a_request_that_outlasts_the_stall_timeout_are_not_taken_for_stalled(

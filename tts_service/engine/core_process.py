@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import gc
 import logging
 import signal
@@ -54,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 # Beats within the server's stall timeout: one late beat, or two, never reads as a stall.
 _BEATS_PER_STALL_TIMEOUT = 4
+# The signal by which the server asks a core for every thread's stack (see run_core).
+STACKS_SIGNAL = signal.SIGUSR1
 
 # The bridge answers a submit itself: it converts the request from the wire and holds the notices sent meanwhile.
 _SUBMIT = EngineCalls.submit.__name__
@@ -81,6 +84,10 @@ def run_core(spec: CoreSpec, channel: socket.socket) -> None:
     # draining: the server's process alone decides when the core stops (and kills it if it does not).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Where every thread is, written to stderr (the server's log) when the server is about to kill the core for a
+    # stall: a stuck step then names the call it is stuck in. faulthandler writes it without the GIL, which a stuck
+    # thread may hold.
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
     asyncio.run(_serve(spec, channel))
 
 

@@ -21,6 +21,7 @@ import functools
 import itertools
 import logging
 import multiprocessing
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +31,7 @@ import numpy as np
 
 from observability.calls import RequestTimeline
 from scheduler.request import FinishReason
-from tts_service.engine.core_process import CoreSpec, run_core
+from tts_service.engine.core_process import STACKS_SIGNAL, CoreSpec, run_core
 from tts_service.engine.door import EngineCalls, EngineNotices, declared_name
 from tts_service.engine.engine import EngineOccupancy, EngineStats, EngineStoppedError
 from tts_service.engine.model_info import ModelInfo
@@ -48,6 +49,8 @@ T = TypeVar("T")
 
 # After Stop, how long the core may take to end its requests and exit before it is killed.
 _EXIT_GRACE_S = 30.0
+# How long a stalled core has to write its threads' stacks before it is killed.
+_STACKS_GRACE_S = 0.5
 
 
 # A failed request's summary from here: its codes went down with the core.
@@ -387,9 +390,12 @@ class EngineProcess(StepObservers):
         at once rather than when each call's deadline passes."""
         bound_s = self._watch.bound_s
         logger.error("the engine core (process %s) made no progress for %g s (--engine-stall-timeout-seconds) "
-                     "while it held %d live request(s) and %d call(s): killing it", self.pid, bound_s,
-                     len(self._streams), len(self._replies))
-        self._process.kill()
+                     "while it held %d live request(s) and %d call(s): killing it once it has written where its "
+                     "threads are", self.pid, bound_s, len(self._streams), len(self._replies))
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, STACKS_SIGNAL)
+        asyncio.get_running_loop().call_later(_STACKS_GRACE_S, self._process.kill)
         self._fail_everything(f"the engine core made no progress for {bound_s:g} s")
 
     def _fail_everything(self, reason: str) -> None:
