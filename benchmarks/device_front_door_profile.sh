@@ -10,11 +10,10 @@ rate=${1:-60}
 out=$OUT/front-door
 port=50161
 SERVER_PROFILE=$out/server.prof start_server "$out" random:1.7b-custom_voice "$port" --max-calls-per-caller 100000
-cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f %.2f", $14 / hz, $15 / hz}' "/proc/$server/stat"; }
-before=$(cpu_seconds)
+before=$(server_cpu_seconds)
 python3 -m clients.loadgen --server "127.0.0.1:$port" --rate "$rate" --duration 30 --rpc mixed --seed 1 --processes 2 \
     --out "$out/lg-$rate.json.gz" | tee "$out/loadgen.txt"
-echo "server user/system CPU seconds before the load: $before, after: $(cpu_seconds)" | tee "$out/cpu.txt"
+echo "server user/system CPU seconds before the load: $before, after: $(server_cpu_seconds)" | tee "$out/cpu.txt"
 stop_server
 python3 - "$out/server.prof" > "$out/profile.txt" <<'PY'
 import pstats

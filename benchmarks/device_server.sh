@@ -27,6 +27,9 @@ for reply in stub.Watch(health_pb2.HealthCheckRequest(), timeout=240, wait_for_r
 PY
 }
 
+# The server process's user and system CPU seconds so far (its engine cores are processes of their own).
+server_cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f %.2f", $14 / hz, $15 / hz}' "/proc/$server/stat"; }
+
 stop_server() {
   kill -TERM "$server" 2>/dev/null || true
   wait "$server" 2>/dev/null || true
