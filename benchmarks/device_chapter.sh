@@ -21,7 +21,7 @@ python3 -m clients.loadgen --server 127.0.0.1:$port --rate "$rate" --duration 45
     --out "$out/lg-beside.json.gz" | tee -a "$out/loadgen.txt"
 wait $chapter
 stop_server
-grep -i -E "traceback|stall detected|garbage collection paused" "$out/server.log" | head -20
+server_log_faults "$out/server.log"
 python3 - "$out" <<'PY'
 import gzip, json, pathlib, sys
 out = pathlib.Path(sys.argv[1])

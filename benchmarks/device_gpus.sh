@@ -23,7 +23,7 @@ for spec in "$@"; do
     echo "$rate req/s: server user/system CPU seconds $before before, $(server_cpu_seconds) after" | tee -a "$out/cpu.txt"
   done
   stop_server
-  grep -i -E "traceback|error|stall detected|garbage collection paused" "$out/server.log" | head -20
+  server_log_faults "$out/server.log"
   python3 -m benchmarks.loadgen_summaries "$out"
   rm -f "$out/server.log"
 done

@@ -33,6 +33,6 @@ PY
   done
   kill -TERM $pid; wait $pid; echo "$label server exit $?"
   python3 -m benchmarks.loadgen_summaries "$out"
-  grep -i -E "error|traceback|stall|garbage collection paused" "$out/server.log" | head -20
+  server_log_faults "$out/server.log"
   rm -f "$out/server.log"
 done

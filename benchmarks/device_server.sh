@@ -30,6 +30,10 @@ PY
 # The server process's user and system CPU seconds so far (its engine cores are processes of their own).
 server_cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f %.2f", $14 / hz, $15 / hz}' "/proc/$server/stat"; }
 
+# The lines of a server's log that say something went wrong: a traceback or error, a core killed for a stall, a
+# garbage collection that paused a process (each in the words the server writes).
+server_log_faults() { grep -i -E "traceback|error|made no progress|garbage collection paused" "$1" | head -20; }
+
 stop_server() {
   kill -TERM "$server" 2>/dev/null || true
   wait "$server" 2>/dev/null || true

@@ -22,7 +22,7 @@ sleep 5
 python3 -m benchmarks.barge_in --server 127.0.0.1:$port --trials 100 --out "$out/barge_in.json"
 wait $load
 stop_server
-grep -i -E "traceback|stall detected|garbage collection paused" "$out/server.log" | head -20
+server_log_faults "$out/server.log"
 python3 - "$out" <<'PY'
 import gzip, json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
