@@ -72,3 +72,33 @@ def test_the_runner_times_every_word_inside_its_clip(runner: AlignerRunner) -> N
         duration_s = item.audio.shape[0] / RATE
         assert len(timings) == len(item.text.split())
         assert all(0.0 <= word.start_s <= word.end_s <= duration_s for word in timings)
+
+
+@torch.inference_mode()
+def test_the_fused_text_decoder_is_as_close_to_float32_as_the_eager_chain() -> None:
+    """The engine's runner switches the aligner's text decoder to the fused kernels; in bf16 its logits at the
+    timestamps stay as close to a float32 pass as the eager chain's, and pick the classes it picks but at near
+    ties."""
+    was_tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        eager = ForcedAligner.load("random:0.6b", "cuda", torch.bfloat16)
+        fused = ForcedAligner.load("random:0.6b", "cuda", torch.bfloat16)
+        exact = ForcedAligner.load("random:0.6b", "cuda", torch.float32)
+        assert AlignerRunner(fused, use_graphs=False).is_fused
+        assert not any(layer.mlp.is_fused for layer in eager.model.thinker.model.layers)
+        batch_items = items([0.6, 3.37, 1.5, 9.0, 14.2], seed=3)
+        clips = eager.clip_features(batch_items, is_each_alone=True)
+        batch = pack(clips, range(len(batch_items)), eager.tokens.audio_pad)
+        is_stamp = torch.from_numpy(batch.input_ids == eager.tokens.timestamp).cuda()
+
+        def stamps(aligner: ForcedAligner) -> torch.Tensor:
+            return aligner.model.thinker.packed_logits(batch.on(aligner.device, aligner.dtype))[is_stamp].float()
+
+        truth, chain, one_pass = stamps(exact), stamps(eager), stamps(fused)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was_tf32
+    assert (one_pass - truth).abs().mean() <= 1.1 * (chain - truth).abs().mean()
+    picks_chain = (chain.argmax(-1) == truth.argmax(-1)).float().mean()
+    picks_fused = (one_pass.argmax(-1) == truth.argmax(-1)).float().mean()
+    assert picks_fused >= picks_chain - 0.05

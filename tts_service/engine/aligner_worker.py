@@ -38,9 +38,10 @@ def load_aligner(config: EngineConfig, model: LoadedModel) -> AlignerRunner:
                                      max_download_wait_s=config.model_download_timeout_s)
     except (CheckpointError, ValueError, OSError) as error:
         raise CheckpointError(f"the forced aligner {config.aligner_model} (--aligner-model): {error}") from error
-    runner = AlignerRunner(aligner, use_graphs=config.use_cuda_graphs)
-    logger.info("forced aligner %s loaded on %s for word timestamps (%d graphs)%s", aligner.source, model.device,
-                len(runner.captured_buckets), " (RANDOM weights: the timings are noise)" if aligner.is_random else "")
+    runner = AlignerRunner(aligner, use_graphs=config.use_cuda_graphs, use_fused_kernels=config.use_fused_kernels)
+    logger.info("forced aligner %s loaded on %s for word timestamps (%d graphs, fused kernels %s)%s", aligner.source,
+                model.device, len(runner.captured_buckets), "on" if runner.is_fused else "off",
+                " (RANDOM weights: the timings are noise)" if aligner.is_random else "")
     return runner
 
 

@@ -3,7 +3,9 @@
 Eager, one batch of the aligner is about 1,500 kernel launches from Python: 30-100 ms of host time for a few ms of
 GPU work, and, in the engine's process, a thread that takes the GIL from the engine's at every launch (at 20 req/s
 on an H100 that held word timings back by seconds and first audio by 20 ms). Packed, a batch is a few host copies
-and one graph replay on a stream of the aligner's own, whose kernels run beside the engine's.
+and one graph replay on a stream of the aligner's own, whose kernels run beside the engine's. Its text decoder takes
+the fused kernels the talker's layers take (`layers.use_fused_kernels`: packed q/k/v and gate/up, norms, q/k norm
+with RoPE, SiLU), which leaves a batch fewer kernels to interleave with the engine's frames.
 
 The layout: every clip's mel frames cut into whole chunks (`CHUNK_FRAMES`; a short last one zero-padded), all the
 clips' chunks one after another, and every prompt one after another in one row, each attending only to itself
@@ -22,10 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tts_service.model import layers
 from tts_service.model.aligner import AlignmentItem, ClipFeatures, ForcedAligner, WordTiming
 from tts_service.model.aligner_config import CHUNK_FRAMES, conv_output_length
 from tts_service.model.aligner_model import PackedBatch
 from tts_service.model.aligner_text import split_words
+from tts_service.model.kernel_policy import KernelPolicy
 
 # Audio tokens per whole chunk (a second of audio).
 TOKENS_PER_CHUNK = conv_output_length(CHUNK_FRAMES)
@@ -205,14 +209,19 @@ class _StaticBatch:
 
 class AlignerRunner:
     """`ForcedAligner.align_many`, packed and (on a GPU, with graphs on) replayed from captured graphs on a stream
-    of its own. Not thread-safe: one thread aligns at a time (the engine's aligner worker)."""
+    of its own. Not thread-safe: one thread aligns at a time (the engine's aligner worker). With `use_fused_kernels`
+    (the engine's flag), the aligner's text decoder is switched to the fused kernels where they run, before any graph
+    is captured."""
 
-    def __init__(self, aligner: ForcedAligner, use_graphs: bool = True) -> None:
+    def __init__(self, aligner: ForcedAligner, use_graphs: bool = True, use_fused_kernels: bool = True) -> None:
         self.aligner = aligner
         self.source = aligner.source
         self.is_random = aligner.is_random
         self.device = aligner.device
         is_cuda = self.device.type == "cuda"
+        self.is_fused = use_fused_kernels and KernelPolicy.runs_kernels(self.device)
+        if self.is_fused:
+            layers.use_fused_kernels(aligner.model.thinker.model, True)
         # The default priority, below the engine's streams (runner.ENGINE_STREAM_PRIORITY): the frames go first.
         self.stream = torch.cuda.Stream(self.device, priority=0) if is_cuda else None
         self._static = _StaticBatch(aligner.config.audio.num_mel_bins, self.device, aligner.dtype,

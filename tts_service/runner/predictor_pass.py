@@ -7,13 +7,14 @@ Here one program per SM walks the whole pass (the input projection; per layer q/
 down; the final norm and the codebook's head), each phase's rows shared out over every program, the phases
 separated by grid-wide barriers. Each barrier is split: a program arrives, loads the weights its next phase opens
 with (they depend on no other program), then waits. The barrier needs every program resident at once: one per SM
-is (its 8 warps take up to 250 registers a thread, which leaves no room for a second), once the SMs' other work
-(the codec, on its own stream) drains. (A share of the GPU capped below its SM count, as MPS's active-thread
-percentage does, would leave some programs waiting for an SM that never frees: the kernel is not for such a
-share.) A program's tiles in a phase are few (one to four), so each round trip to memory it waits out shows:
-within a phase it loads each tile's weights before it reduces the tile before, and at one row it keeps two chunks
-in flight. The call takes about 125 us at one row (BENCHMARKS.md at 927abc4, b1e759d, 2dbe081), a quarter of it in its
-barriers (about 1.2 us each: 26 a call, 25 where the predictor is as wide as the talker).
+(its 8 warps take up to 250 registers a thread, which leaves no room for a second). It is launched as a cooperative
+grid, CUDA's guarantee of exactly that, rather than trusting the SMs to free in time: no program spins at a barrier
+while another waits for an SM that other streams' kernels hold (the codec's, the forced aligner's), and a grid that
+cannot all be resident (a GPU share capped below its SM count, as MPS's active-thread percentage does) fails to
+launch rather than hang. A program's tiles in a phase are few (one to four), so each round trip to memory it waits
+out shows: within a phase it loads each tile's weights before it reduces the tile before, and at one row it keeps
+two chunks in flight. The call takes about 125 us at one row (BENCHMARKS.md at 927abc4, b1e759d, 2dbe081), a
+quarter of it in its barriers (about 1.2 us each: 26 a call, 25 where the predictor is as wide as the talker).
 
 Rounding follows the eager chain as the other fused kernels do: each tensor the eager chain writes is rounded to
 the activation dtype where it writes it (the normalised input, the weighted input, each projection's output, the
@@ -95,7 +96,7 @@ class PredictorPass:
         # Counts every barrier arrival of every call; never reset (int64: it cannot wrap), each call finds its
         # base from it (see the kernel).
         self.arrivals = torch.zeros(1, dtype=torch.int64, device=device)
-        # One program per SM: all resident at once, which the grid-wide barrier needs.
+        # One program per SM: all resident at once (a cooperative launch), which the grid-wide barrier needs.
         self.num_programs = num_programs or torch.cuda.get_device_properties(device).multi_processor_count
         self.tile_rows, self.num_warps = tile_rows, num_warps
         self.chunk = _chunk(self.input_size, self.hidden_size, self.intermediate_size,
@@ -149,7 +150,8 @@ class PredictorPass:
             HAS_BIAS=projection is not None and projection.bias is not None, NUM_TOKENS=num_tokens,
             BLOCK_B=_next_power_of_two(num_rows), BLOCK_S=_next_power_of_two(batch),
             BLOCK_T=_next_power_of_two(self.rope_cos.shape[0]), TILE_ROWS=self.tile_rows, CHUNK=self.chunk,
-            TWO_AHEAD=num_rows == 1, ON_GPU=inputs.is_cuda, num_warps=self.num_warps, enable_fp_fusion=False)
+            TWO_AHEAD=num_rows == 1, ON_GPU=inputs.is_cuda, num_warps=self.num_warps, enable_fp_fusion=False,
+            launch_cooperative_grid=True)
         return self.logits_out[:batch]
 
 
