@@ -11,6 +11,8 @@ from tests.runner.triton_interpreter import run_interpreted
 from tts_service.model.checkpoint import LoadOptions
 from tts_service.model.kernel_policy import KernelPolicy
 from tts_service.model.loading import load_model
+from tts_service.runner import predictor_pass
+from tts_service.runner.kv_cache import PagedKVCache
 from tts_service.runner.predictor_pass import PredictorPass
 
 pytest.importorskip("triton")
@@ -46,6 +48,26 @@ def test_stacking_the_weights_leaves_the_modules_reading_the_same_values_in_plac
     assert layer.self_attn.qkv_weight.data_ptr() == one_call.qkv[1].data_ptr()
     assert layer.mlp.down_proj.weight.data_ptr() == one_call.down[1].data_ptr()
     assert predictor.lm_head[4].weight.data_ptr() == one_call.heads[4].data_ptr()
+
+
+@torch.inference_mode()
+def test_the_call_is_launched_as_a_cooperative_grid_of_its_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its barriers need every program resident at once: the launch asks CUDA to promise it, or to refuse."""
+    launches = []
+
+    class RecordedLaunch:
+        def __getitem__(self, grid: tuple[int]) -> object:
+            return lambda *args, **options: launches.append((grid, options))
+
+    monkeypatch.setattr(predictor_pass, "_predictor_pass_kernel", RecordedLaunch())
+    talker = packed_talker()
+    shape = talker.config.code_predictor
+    paged = PagedKVCache(shape.num_hidden_layers, 1, talker.config.num_code_groups, shape.num_key_value_heads,
+                         shape.head_dim, torch.float32, CPU)
+    one_call = PredictorPass(talker, paged.storage, num_programs=3)
+    one_call.logits(2, torch.zeros(1, 1, talker.config.layers.hidden_size))
+    [(grid, options)] = launches
+    assert grid == (3,) and options["launch_cooperative_grid"] is True
 
 
 def test_the_kernel_covers_the_tiny_predictor_and_serves_only_half_precision_on_cuda() -> None:
