@@ -3,7 +3,7 @@
 # transformers 5.x, grpcio, protobuf and prometheus-client, but no network), into .whl/ (git-ignored):
 #     bash benchmarks/fetch_wheels.sh [GROUP ...]      # default: every group
 # Groups, each a folder that benchmarks/device_*.sh installs with --no-deps:
-#   site  what the service imports that the machine lacks: audio (soundfile, cffi, pycparser, soxr), and
+#   site  what the service imports that the machine lacks: audio (soundfile, cffi, pycparser, soxr, lameenc), and
 #         aiohttp with its needs (the metrics endpoint)
 #   grpc  grpcio-tools and the health, reflection and status services, with the protobuf they were built against
 #   otel  the OpenTelemetry SDK and its OTLP/gRPC exporter
@@ -15,8 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 declare -A WHEELS=(
-    [site]="soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 soxr==1.1.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1
-            aiosignal==1.4.0 frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1"
+    [site]="soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 soxr==1.1.0 lameenc==1.9.0 aiohttp==3.14.5
+            aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1"
     [grpc]="grpcio==1.85.1 grpcio-tools==1.85.1 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1
             grpcio-status==1.85.1 protobuf==7.36.2 googleapis-common-protos==1.76.0"
     [otel]="opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-proto==1.45.2

@@ -71,13 +71,16 @@ class VoiceReference:
 
 @dataclass(frozen=True)
 class AudioFormat:
-    """encoding: "pcm16", "wav", "ogg_opus", "mulaw" or "alaw"; sample_rate 0 is the model's 24000 Hz."""
+    """encoding: "pcm16", "wav", "ogg_opus", "mulaw", "alaw" or "mp3"; sample_rate 0 is the model's 24000 Hz;
+    bit_rate_kbps (MP3 only) 0 is the server's default for the rate."""
 
     encoding: str = "wav"
     sample_rate: int = 0
+    bit_rate_kbps: int = 0
 
     def to_proto(self) -> Any:
-        return pb.AudioFormat(encoding=encoding_number(self.encoding), sample_rate=self.sample_rate)
+        return pb.AudioFormat(encoding=encoding_number(self.encoding), sample_rate=self.sample_rate,
+                              bit_rate_kbps=self.bit_rate_kbps)
 
 
 @dataclass(frozen=True)

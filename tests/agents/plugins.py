@@ -9,7 +9,8 @@ Each plugin is pointed at the server the way a user would point it:
   * Pipecat:  ElevenLabsTTSService(api_key=..., url="ws://HOST:PORT", settings=Settings(voice=..., model=...)),
               run inside pipecat.tests.utils.run_test (the package's own pipeline test driver);
   * LiveKit:  elevenlabs.TTS(api_key=..., base_url="http://HOST:PORT/v1", voice_id=..., encoding="pcm_24000",
-              http_session=...).stream().
+              http_session=...).stream(); and as "livekit-mp3", with the plugin's default encoding (MP3 frames,
+              mp3_22050_32, which the plugin decodes itself).
 Scenarios: "turn" (one agent turn of two sentences, spoken to its end) and "interrupt" (a turn interrupted after its
 first audio, then a fresh turn on the same socket). One JSON object per run is printed on its own line (plugin,
 scenario, audio seconds, words with their times, errors); the exit status is 0 when every run produced audio
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -68,27 +70,28 @@ async def run_pipecat(args: argparse.Namespace, scenario: str) -> dict[str, Any]
     return {"audio_seconds": num_bytes / 2 / SAMPLE_RATE, "words": words, "errors": errors}
 
 
-async def run_livekit(args: argparse.Namespace, scenario: str) -> dict[str, Any]:
+async def run_livekit(args: argparse.Namespace, scenario: str, encoding: str | None) -> dict[str, Any]:
     import aiohttp
     from livekit.agents import APIConnectOptions
     from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
     from livekit.plugins import elevenlabs
 
     http_base = args.base_url.replace("wss://", "https://").replace("ws://", "http://")
-    num_samples, words, errors = 0, [], []
+    seconds, words, errors = 0.0, [], []
 
     async def consume(stream: Any, stop_after_first_audio: bool = False) -> None:
-        nonlocal num_samples
+        nonlocal seconds
         async for event in stream:
-            num_samples += event.frame.samples_per_channel
+            seconds += event.frame.samples_per_channel / event.frame.sample_rate
             for timed in event.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, []):
                 words.append({"text": str(timed), "start_s": timed.start_time, "end_s": timed.end_time})
-            if stop_after_first_audio and num_samples:
+            if stop_after_first_audio and seconds:
                 return
 
     async with aiohttp.ClientSession() as session:
+        chosen = {} if encoding is None else {"encoding": encoding}
         tts = elevenlabs.TTS(api_key=args.api_key, base_url=f"{http_base}/v1", voice_id=args.voice,
-                             model="eleven_flash_v2_5", encoding=f"pcm_{SAMPLE_RATE}", http_session=session)
+                             model="eleven_flash_v2_5", http_session=session, **chosen)
         options = APIConnectOptions(max_retry=0, timeout=args.timeout)
         try:
             texts = [SENTENCE_1, SENTENCE_2] if scenario == "turn" else [SENTENCE_1, SENTENCE_2[:12]]
@@ -109,12 +112,15 @@ async def run_livekit(args: argparse.Namespace, scenario: str) -> dict[str, Any]
             errors.append(f"{type(error).__name__}: {error}")
         finally:
             await tts.aclose()
-    return {"audio_seconds": num_samples / SAMPLE_RATE, "words": words, "errors": errors}
+    return {"audio_seconds": seconds, "words": words, "errors": errors}
 
 
 async def main(args: argparse.Namespace) -> int:
     succeeded = True
-    for plugin, run in (("pipecat", run_pipecat), ("livekit", run_livekit)):
+    runs = (("pipecat", run_pipecat),
+            ("livekit", functools.partial(run_livekit, encoding=f"pcm_{SAMPLE_RATE}")),
+            ("livekit-mp3", functools.partial(run_livekit, encoding=None)))
+    for plugin, run in runs:
         for scenario in ("turn", "interrupt"):
             started = time.monotonic()
             try:

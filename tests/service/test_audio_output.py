@@ -59,6 +59,10 @@ def expected_length(num_samples: int, sample_rate: int) -> int:
     return round(num_samples * sample_rate / SOURCE_RATE)
 
 
+# The most samples a decoder puts before an untagged MP3's audio: the encoder's delay and its own, within two frames.
+MAX_MP3_DELAY = 2 * 1152
+
+
 def stream_chunks(samples: np.ndarray, output: OutputFormat,
                   chunk_sizes: tuple[int, ...] = CHUNK_SIZES) -> tuple[list[bytes], StreamEncoder]:
     encoder = StreamEncoder(output)
@@ -73,7 +77,7 @@ def stream_chunks(samples: np.ndarray, output: OutputFormat,
 
 def decode(data: bytes, output: OutputFormat) -> tuple[np.ndarray, int]:
     """Decodes with libsndfile: headerless bytes as RAW of the right subtype, containers from their header."""
-    if output.encoding in (AudioEncoding.WAV, AudioEncoding.OGG_OPUS):
+    if output.encoding in (AudioEncoding.WAV, AudioEncoding.OGG_OPUS, AudioEncoding.MP3):
         return sf.read(io.BytesIO(data), dtype="float32")
     subtype = G711_SUBTYPES.get(output.encoding, "PCM_16")
     samples, _ = sf.read(io.BytesIO(data), samplerate=output.sample_rate, channels=1, format="RAW",
@@ -103,6 +107,16 @@ def test_every_encoding_decodes_back_at_the_requested_rate_length_and_level(outp
         decoded = decoded[:len(reference)]
         assert np.corrcoef(decoded, reference)[0, 1] > 0.99
         assert abs(np.std(decoded) / np.std(reference) - 1) < 0.05
+    elif output.encoding is AudioEncoding.MP3:
+        # No LAME tag: the decoder keeps the codec's delay (the encoder's and its own, under two frames of 1,152
+        # samples) before the audio and the last frame's padding after it, and loses nothing.
+        onset = int(np.argmax(np.abs(decoded) > 0.1))  # the tone starts at full level, the delay is silent
+        delay = max(range(max(0, onset - 20), onset + 20),
+                    key=lambda shift: float(np.dot(decoded[shift:shift + 1000], reference[:1000])))
+        assert delay < MAX_MP3_DELAY and len(decoded) >= delay + len(reference)
+        decoded = decoded[delay:delay + len(reference)]
+        assert np.corrcoef(decoded, reference)[0, 1] > 0.98
+        assert abs(np.std(decoded) / np.std(reference) - 1) < 0.1
     elif output.encoding in G711_SUBTYPES:
         assert len(decoded) == len(reference)
         assert relative_rms_error(decoded, reference) < G711_RELATIVE_RMS_ERROR
@@ -355,3 +369,27 @@ def test_a_file_closed_while_a_worker_thread_writes_it_waits_for_the_write_and_r
     assert not closer.is_alive() and sound.closed and not sound.closed_mid_write
     with pytest.raises(RuntimeError):
         encoder.write(np.zeros(1920, dtype=np.float32))
+
+
+def test_mp3_streams_the_bytes_of_one_shot_encoding_at_the_asked_bit_rate() -> None:
+    samples = tone()
+    output = OutputFormat(AudioEncoding.MP3, 44100, bit_rate_kbps=128)
+    streamed = b"".join(stream_chunks(samples, output)[0])
+    assert streamed == encode_whole(samples, output)
+    seconds = len(samples) / SOURCE_RATE
+    frame_bytes = 1152 * 128_000 // 8 // 44100
+    assert abs(len(streamed) - seconds * 128_000 / 8) < 3 * frame_bytes  # a constant 128 kbps, give or take frames
+    assert output.mime_type == "audio/mpeg"
+    assert OutputFormat(AudioEncoding.MP3, 24000).mp3_kbps == 64
+
+
+@pytest.mark.parametrize(("encoding", "sample_rate", "kbps", "message"), [
+    (AudioEncoding.MP3, 44100, 100, "100 kbps is not an MP3 bit rate at 44100 Hz"),
+    (AudioEncoding.MP3, 8000, 128, "128 kbps is not an MP3 bit rate at 8000 Hz"),
+    (AudioEncoding.OGG_OPUS, 48000, 64, "applies to MP3 only, not OGG_OPUS"),
+])
+def test_a_bit_rate_mp3_does_not_have_is_refused_naming_the_field(encoding: AudioEncoding, sample_rate: int,
+                                                                   kbps: int, message: str) -> None:
+    with pytest.raises(AudioFormatError) as raised:
+        OutputFormat(encoding, sample_rate, bit_rate_kbps=kbps)
+    assert raised.value.field == "audio_format.bit_rate_kbps" and message in str(raised.value)

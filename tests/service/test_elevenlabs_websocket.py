@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import soundfile as sf
 
 from tests.service.helpers import RunningServer, start_server, wait_until
 from tests.service.processes import free_port
@@ -210,6 +212,18 @@ def test_pcm_and_g711_formats_stream_whole_samples_at_their_rate(server: Running
     assert 0.08 <= seconds <= 1.2 + 0.01
 
 
+@pytest.mark.parametrize(("query", "rate"), [("output_format=mp3_22050_32", 22050), ("model_id=x", 44100)])
+def test_mp3_streams_frames_per_context_and_is_the_default(server: RunningServer, query: str, rate: int) -> None:
+    """ElevenLabs' default format, and LiveKit's plugin's: MP3 frames as the audio comes, decodable as one stream."""
+    heard = asyncio.run(converse(url(server, query), [
+        {"text": "Hi.", "context_id": "m"}, {"context_id": "m", "flush": True},
+        {"context_id": "m", "close_context": True}, {"close_socket": True}]))
+    audio = bytes(heard.audio["m"])
+    assert audio[0] == 0xFF and audio[1] & 0xE0 == 0xE0  # an MPEG audio frame's sync word, no tag before it
+    samples, decoded_rate = sf.read(io.BytesIO(audio), dtype="float32")
+    assert decoded_rate == rate and 0.08 <= len(samples) / rate <= 1.2 + 0.2
+
+
 def test_opus_streams_an_ogg_stream_per_context(server: RunningServer) -> None:
     heard = asyncio.run(converse(url(server, "output_format=opus_48000_64"), [
         {"text": "Hi.", "context_id": "o"}, {"context_id": "o", "flush": True},
@@ -222,8 +236,7 @@ def test_opus_streams_an_ogg_stream_per_context(server: RunningServer) -> None:
     ("ryan", PIPECAT_QUERY, {"xi-api-key": "wrong"}, 401, "not valid"),
     ("ryan", PIPECAT_QUERY, {"xi-api-key": KEY, "Authorization": f"Bearer {KEY}"}, 401, "exactly one credential"),
     ("ryan", "output_format=pcm_32000", {"xi-api-key": KEY}, 400, "output_format"),
-    ("ryan", "output_format=mp3_22050_32", {"xi-api-key": KEY}, 400, "output_format"),
-    ("ryan", "model_id=x", {"xi-api-key": KEY}, 400, "output_format"),
+    ("ryan", "output_format=mp3_22050_192", {"xi-api-key": KEY}, 400, "output_format"),
     ("bob", PIPECAT_QUERY, {"xi-api-key": KEY}, 400, "voice_id"),
     ("ryan", f"{PIPECAT_QUERY}&language_code=nl", {"xi-api-key": KEY}, 400, "language_code"),
     ("ryan", "model_id=eleven_v3&output_format=pcm_24000", {"xi-api-key": KEY}, 400, "model_id"),
@@ -258,13 +271,16 @@ def test_a_field_of_the_wrong_type_is_named(server: RunningServer) -> None:
 @pytest.mark.parametrize(("name", "encoding", "rate"), [
     ("pcm_24000", AudioEncoding.PCM16, 24000), ("pcm_22050", AudioEncoding.PCM16, 22050),
     ("ulaw_8000", AudioEncoding.MULAW, 8000), ("alaw_8000", AudioEncoding.ALAW, 8000),
-    ("opus_48000_128", AudioEncoding.OGG_OPUS, 48000)])
-def test_elevenlabs_output_formats_map_to_ours(name: str, encoding: AudioEncoding, rate: int) -> None:
+    ("opus_48000_128", AudioEncoding.OGG_OPUS, 48000), ("mp3_22050_32", AudioEncoding.MP3, 22050),
+    ("mp3_44100_192", AudioEncoding.MP3, 44100), (None, AudioEncoding.MP3, 44100)])
+def test_elevenlabs_output_formats_map_to_ours(name: str | None, encoding: AudioEncoding, rate: int) -> None:
     output = output_format(name)
     assert (output.encoding, output.sample_rate) == (encoding, rate)
+    if encoding is AudioEncoding.MP3:
+        assert output.mp3_kbps == (128 if name is None else int(name.rsplit("_", 1)[1]))
 
 
-@pytest.mark.parametrize("name", ["pcm_32000", "mp3_44100_128", "ulaw_16000", "pcm_", None])
+@pytest.mark.parametrize("name", ["pcm_32000", "mp3_32000_64", "mp3_8000_128", "mp3_44100_100", "ulaw_16000", "pcm_"])
 def test_unsupported_output_formats_are_refused_naming_the_parameter(name: str | None) -> None:
     with pytest.raises(ApiError) as refused:
         output_format(name)

@@ -25,7 +25,7 @@ HEADERLESS_SUBTYPES = {"pcm16": "PCM_16", "mulaw": "ULAW", "alaw": "ALAW"}
 
 def decode(data: bytes, audio_format: AudioFormat) -> tuple[np.ndarray, int]:
     """libsndfile reads containers from their header and headerless bytes as RAW of the right subtype."""
-    if audio_format.encoding in ("wav", "ogg_opus"):
+    if audio_format.encoding in ("wav", "ogg_opus", "mp3"):
         return sf.read(io.BytesIO(data), dtype="float32")
     samples, _ = sf.read(io.BytesIO(data), samplerate=audio_format.sample_rate, channels=1, format="RAW",
                          subtype=HEADERLESS_SUBTYPES[audio_format.encoding], endian="LITTLE", dtype="float32")
@@ -42,6 +42,8 @@ def assert_decodes_to(data: bytes, audio_format: AudioFormat, num_frames: int) -
     assert rate == audio_format.sample_rate
     if audio_format.encoding == "ogg_opus":  # a decoder may keep up to one 20 ms Opus frame of end padding
         assert expected <= len(samples) <= expected + rate // 50
+    elif audio_format.encoding == "mp3":  # untagged: the codec's delay before, the last frame's padding after
+        assert expected <= len(samples) <= expected + 3 * 1152
     else:
         assert len(samples) == expected
     assert np.abs(samples).max() > 0  # audio, not silence
@@ -61,7 +63,8 @@ def test_list_voices_describes_the_loaded_model_and_the_server_limits(custom_voi
     assert voices.native_sample_rate == NATIVE_RATE and voices.accepts_instruction
     rates = {support.encoding: list(support.sample_rates) for support in voices.output_formats}
     assert set(rates) == {pb.AUDIO_ENCODING_PCM16, pb.AUDIO_ENCODING_WAV, pb.AUDIO_ENCODING_OGG_OPUS,
-                          pb.AUDIO_ENCODING_MULAW, pb.AUDIO_ENCODING_ALAW}
+                          pb.AUDIO_ENCODING_MULAW, pb.AUDIO_ENCODING_ALAW, pb.AUDIO_ENCODING_MP3}
+    assert 44100 in rates[pb.AUDIO_ENCODING_MP3]
     assert 44100 in rates[pb.AUDIO_ENCODING_WAV] and 44100 not in rates[pb.AUDIO_ENCODING_OGG_OPUS]
     assert voices.limits.max_audio_seconds == pytest.approx(0.48) and voices.limits.max_text_chars == 400
 
@@ -103,7 +106,8 @@ def test_synthesize_online_streams_contiguous_chunks_that_join_into_the_whole_ut
 
 
 FORMATS = [AudioFormat("pcm16", 16000), AudioFormat("wav", 24000), AudioFormat("wav", 44100),
-           AudioFormat("ogg_opus", 48000), AudioFormat("mulaw", 8000), AudioFormat("alaw", 8000)]
+           AudioFormat("ogg_opus", 48000), AudioFormat("mulaw", 8000), AudioFormat("alaw", 8000),
+           AudioFormat("mp3", 22050), AudioFormat("mp3", 44100, bit_rate_kbps=128)]
 
 
 @pytest.mark.parametrize("audio_format", FORMATS, ids=lambda f: f"{f.encoding}-{f.sample_rate}")

@@ -26,7 +26,7 @@ from qwen3_tts.v1.protocol import tts_pb2
 from tts_service.api.errors import ApiError, invalid
 from tts_service.api.utterances import UtteranceCall, UtteranceItem, check_utterance_id
 from tts_service.api.word_alignment import AlignmentCursor, WordTiming, align
-from tts_service.audio.output import SUPPORTED_SAMPLE_RATES, AudioEncoding, OutputFormat
+from tts_service.audio.output import SUPPORTED_SAMPLE_RATES, AudioEncoding, OutputFormat, mp3_bit_rates
 from tts_service.engine import ModelInfo
 
 logger = logging.getLogger("tts_service.api.server")
@@ -40,6 +40,9 @@ LANGUAGES = {"en": "english", "zh": "chinese", "de": "german", "it": "italian", 
              "es": "spanish", "ja": "japanese", "ko": "korean", "fr": "french", "ru": "russian"}
 _PCM = re.compile(r"pcm_(\d+)")
 _OPUS = re.compile(r"opus_48000_\d+")
+_MP3 = re.compile(r"mp3_(\d+)_(\d+)")
+# What ElevenLabs streams when the URL names no format.
+_DEFAULT_OUTPUT_FORMAT = "mp3_44100_128"
 _G711 = {"ulaw_8000": AudioEncoding.MULAW, "alaw_8000": AudioEncoding.ALAW}
 _MOST_CHARS_QUOTED = 32
 # The fields the shared steps name, as this protocol names them.
@@ -73,12 +76,19 @@ def stream_options(voice_id: str, query: Mapping[str, str], model: ModelInfo) ->
 
 
 def output_format(name: str | None) -> OutputFormat:
-    """`pcm_<rate>` (16-bit little-endian mono), `ulaw_8000`, `alaw_8000`, `opus_48000_<kbps>` (Ogg/Opus; the
-    bit rate is the encoder's own) as one of our output formats."""
-    supported = "pcm_<rate> (rate one of " + ", ".join(map(str, SUPPORTED_SAMPLE_RATES)) + \
-                "), ulaw_8000, alaw_8000 or opus_48000_<kbps>"
-    if name is None:
-        raise invalid("output_format", f"is required (ElevenLabs' default, MP3, is not streamed here): {supported}")
+    """`mp3_<rate>_<kbps>` (MP3 frames at that constant bit rate; ElevenLabs' default, mp3_44100_128, when the URL
+    names none), `pcm_<rate>` (16-bit little-endian mono), `ulaw_8000`, `alaw_8000`, `opus_48000_<kbps>` (Ogg/Opus;
+    the bit rate is the encoder's own) as one of our output formats."""
+    rates = ", ".join(map(str, SUPPORTED_SAMPLE_RATES))
+    supported = (f"mp3_<rate>_<kbps> or pcm_<rate> (rate one of {rates}), ulaw_8000, alaw_8000 or "
+                 "opus_48000_<kbps>")
+    name = _DEFAULT_OUTPUT_FORMAT if name is None else name
+    if (mp3 := _MP3.fullmatch(name)) is not None and int(mp3[1]) in SUPPORTED_SAMPLE_RATES:
+        rate, kbps = int(mp3[1]), int(mp3[2])
+        if kbps not in mp3_bit_rates(rate):
+            raise invalid("output_format", f"{_quoted(name)}: MP3 at {rate} Hz has no {kbps} kbps; use one of "
+                                           f"{', '.join(map(str, mp3_bit_rates(rate)))}")
+        return OutputFormat(AudioEncoding.MP3, rate, kbps)
     if (pcm := _PCM.fullmatch(name)) is not None and int(pcm[1]) in SUPPORTED_SAMPLE_RATES:
         return OutputFormat(AudioEncoding.PCM16, int(pcm[1]))
     if name in _G711:

@@ -50,7 +50,7 @@ _FINISH_REASONS = {
 def output_format(message: Any) -> OutputFormat:
     encoding = AudioEncoding.WAV if message.encoding == pb.AUDIO_ENCODING_UNSPECIFIED else ENCODINGS.get(
         message.encoding, message.encoding)
-    return OutputFormat(encoding, message.sample_rate or MODEL_SAMPLE_RATE)
+    return OutputFormat(encoding, message.sample_rate or MODEL_SAMPLE_RATE, message.bit_rate_kbps or None)
 
 
 def generation_params(message: Any, config: ServerConfig, model: ModelInfo, text: str | None) -> GenerationParams:
@@ -158,8 +158,9 @@ class ChunkEncoder:
         self._encoder = StreamEncoder(output)
         self._sample_rate = output.sample_rate
         self._num_sent_samples = 0
-        # Resampling and Opus cost real CPU time, which must not stall the event loop.
-        self.needs_thread = output.sample_rate != MODEL_SAMPLE_RATE or output.encoding is AudioEncoding.OGG_OPUS
+        # Resampling, Opus and MP3 cost real CPU time, which must not stall the event loop.
+        self.needs_thread = (output.sample_rate != MODEL_SAMPLE_RATE
+                             or output.encoding in (AudioEncoding.OGG_OPUS, AudioEncoding.MP3))
 
     def encode(self, samples: np.ndarray) -> Any | None:
         """The chunk to send, or None while the encoder holds everything back."""

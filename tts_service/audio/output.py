@@ -1,7 +1,9 @@
 """Model audio (24 kHz mono float32, arriving in chunks) -> the bytes a client asked for.
 
-Encodings: headerless PCM16 (little-endian), WAV, Ogg/Opus, and headerless G.711 mu-law / A-law;
-MP3 and FLAC as whole files only (`FileEncoder`: written as the audio comes, readable once complete).
+Encodings: headerless PCM16 (little-endian), WAV, Ogg/Opus, headerless G.711 mu-law / A-law, and MP3 as a stream
+of frames (LAME through `lameenc`, constant bit rate, no LAME tag: a decoder hears the encoder's delay, about 50 ms,
+as silence before the speech, as with any streamed MP3); MP3 with its LAME tag and FLAC as whole files only
+(`FileEncoder`: written as the audio comes, readable once complete).
 Every encoding goes through the same steps: soxr's streaming resampler to the requested rate,
 clipping to [-1, 1], then libsndfile, written incrementally into a file object that hands each
 encode() the bytes produced so far; PCM16 (and WAV's samples) are cast by numpy instead, to the
@@ -22,6 +24,7 @@ import wave
 from dataclasses import dataclass
 from typing import BinaryIO, cast
 
+import lameenc
 import numpy as np
 import soundfile as sf
 import soxr
@@ -56,6 +59,7 @@ class AudioEncoding(enum.Enum):
     OGG_OPUS = "ogg_opus"
     MULAW = "mulaw"
     ALAW = "alaw"
+    MP3 = "mp3"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,15 @@ _CONTAINERS = {
 _MIME_TYPES = {
     AudioEncoding.WAV: "audio/wav",
     AudioEncoding.OGG_OPUS: "audio/ogg;codecs=opus",
+    AudioEncoding.MP3: "audio/mpeg",
+}
+# MP3's bit rate where the request names none: well above what the model's 12 kHz of bandwidth needs at each rate.
+_DEFAULT_MP3_KBPS = {8000: 32, 16000: 48, 22050: 64, 24000: 64, 44100: 96, 48000: 96}
+# The bit rates MPEG audio has at each rate's MPEG version (MPEG-1 from 32 kHz, MPEG-2 from 16, MPEG-2.5 below).
+_MP3_KBPS = {
+    "mpeg1": (32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+    "mpeg2": (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+    "mpeg2.5": (8, 16, 24, 32, 40, 48, 56, 64),
 }
 # Headerless bytes say nothing about their rate, so the MIME type must.
 _HEADERLESS_MIME_TYPES = {
@@ -89,10 +102,17 @@ _HEADERLESS_MIME_TYPES = {
 class OutputFormat:
     encoding: AudioEncoding
     sample_rate: int
+    # MP3 only: its constant bit rate; None takes a default for the sample rate.
+    bit_rate_kbps: int | None = None
 
     def __post_init__(self) -> None:
         _check_encoding(self.encoding)
         _check_sample_rate(self.encoding, self.sample_rate)
+        _check_bit_rate(self.encoding, self.sample_rate, self.bit_rate_kbps)
+
+    @property
+    def mp3_kbps(self) -> int:
+        return self.bit_rate_kbps or _DEFAULT_MP3_KBPS[self.sample_rate]
 
     @property
     def mime_type(self) -> str:
@@ -117,14 +137,32 @@ def _check_sample_rate(encoding: AudioEncoding, sample_rate: object) -> None:
                                f"{', '.join(map(str, usable))}")
 
 
+def mp3_bit_rates(sample_rate: int) -> tuple[int, ...]:
+    """The bit rates (kbps) MP3 has at `sample_rate`."""
+    version = "mpeg1" if sample_rate >= 32000 else "mpeg2" if sample_rate >= 16000 else "mpeg2.5"
+    return _MP3_KBPS[version]
+
+
+def _check_bit_rate(encoding: AudioEncoding, sample_rate: int, bit_rate_kbps: object) -> None:
+    if bit_rate_kbps is None:
+        return
+    if encoding is not AudioEncoding.MP3:
+        raise AudioFormatError("audio_format.bit_rate_kbps", f"applies to MP3 only, not {encoding.name}")
+    usable = mp3_bit_rates(sample_rate)
+    if isinstance(bit_rate_kbps, bool) or bit_rate_kbps not in usable:
+        raise AudioFormatError("audio_format.bit_rate_kbps", f"{bit_rate_kbps!r} kbps is not an MP3 bit rate at "
+                               f"{sample_rate} Hz; use one of {', '.join(map(str, usable))}")
+
+
 class StreamEncoder:
     """Encodes one utterance chunk by chunk. encode() any number of times, then finish() exactly once."""
 
     def __init__(self, output: OutputFormat, source_rate: int = MODEL_SAMPLE_RATE) -> None:
         self._resampler = _Resampler(source_rate, output.sample_rate)
         # WAV's samples are PCM16; its header is written here, not by libsndfile, which would seek back to fix it.
-        self._sink: _Pcm16Sink | _LibsndfileSink = (
+        self._sink: _Pcm16Sink | _Mp3Sink | _LibsndfileSink = (
             _Pcm16Sink() if output.encoding in (AudioEncoding.PCM16, AudioEncoding.WAV)
+            else _Mp3Sink(output.sample_rate, output.mp3_kbps) if output.encoding is AudioEncoding.MP3
             else _LibsndfileSink(_CONTAINERS[output.encoding], output.sample_rate))
         self._header = _streaming_wav_header(output.sample_rate) if output.encoding is AudioEncoding.WAV else b""
         self._num_output_samples = 0
@@ -260,6 +298,26 @@ class _Pcm16Sink:
 
     def close(self) -> bytes:
         return b""
+
+
+class _Mp3Sink:
+    """MP3 frames by LAME, as the samples come (its PCM16 input cast as `_Pcm16Sink` casts). A frame holds 1,152
+    samples (576 below 32 kHz), so a call returns the frames completed so far; close() flushes the rest."""
+
+    def __init__(self, sample_rate: int, bit_rate_kbps: int) -> None:
+        self._pcm16 = _Pcm16Sink()
+        self._encoder = lameenc.Encoder()
+        self._encoder.set_channels(1)
+        self._encoder.set_in_sample_rate(sample_rate)
+        self._encoder.set_out_sample_rate(sample_rate)
+        self._encoder.set_bit_rate(bit_rate_kbps)
+        self._encoder.set_quality(2)  # LAME's "high quality" (0 best, 9 fastest)
+
+    def write(self, samples: np.ndarray) -> bytes:
+        return bytes(self._encoder.encode(self._pcm16.write(samples))) if samples.shape[0] else b""
+
+    def close(self) -> bytes:
+        return bytes(self._encoder.flush())
 
 
 class _LibsndfileSink:

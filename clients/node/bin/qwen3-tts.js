@@ -33,7 +33,7 @@ say / stream:
   --language NAME        language of the text (default auto)
   --instruction TEXT     voice description or speaking style
   --voice-id ID          a registered voice (voice create) instead of the fields above
-  --encoding ENC         wav, pcm16, ogg_opus, mulaw or alaw (default: from the output's suffix, else wav)
+  --encoding ENC         wav, pcm16, ogg_opus, mulaw, alaw or mp3 (default: from the output's suffix, else wav)
   --sample-rate HZ       output rate (default 24000)
   --temperature T  --top-k K  --top-p P  --repetition-penalty R  --seed N  --max-seconds S
   --unary                say: one Synthesize call instead of streaming the audio back
@@ -55,10 +55,10 @@ examples:
 
 // The model's own rate: AudioFormat.sample_rate 0 means this.
 const NATIVE_SAMPLE_RATE = 24000;
-const ENCODINGS = ['wav', 'pcm16', 'ogg_opus', 'mulaw', 'alaw'];
+const ENCODINGS = ['wav', 'pcm16', 'ogg_opus', 'mulaw', 'alaw', 'mp3'];
 const ENCODING_BY_SUFFIX = {
   '.wav': 'wav', '.ogg': 'ogg_opus', '.opus': 'ogg_opus', '.pcm': 'pcm16', '.raw': 'pcm16', '.l16': 'pcm16',
-  '.ulaw': 'mulaw', '.mulaw': 'mulaw', '.alaw': 'alaw',
+  '.ulaw': 'mulaw', '.mulaw': 'mulaw', '.alaw': 'alaw', '.mp3': 'mp3',
 };
 
 const OPTIONS = {
