@@ -110,13 +110,16 @@ def test_the_served_models_own_id_is_accepted_as_the_model(http_server: HttpServ
     assert len(decode(response.content, "wav")[0]) > 0
 
 
-def test_streamed_audio_arrives_in_several_chunks_that_make_one_decodable_stream(http_server: HttpServer) -> None:
-    with http_server.client().audio.speech.with_streaming_response.create(
-            model="tts-1", voice="ryan", input="Hello there, how are you?", response_format="wav") as response:
-        assert response.headers["content-type"] == "audio/wav"
+@pytest.mark.parametrize(("response_format", "content_type"), [("wav", "audio/wav"), ("mp3", "audio/mpeg")])
+def test_streamed_audio_arrives_in_several_chunks_that_make_one_decodable_stream(
+        http_server: HttpServer, response_format: str, content_type: str) -> None:
+    speech = http_server.client().audio.speech.with_streaming_response
+    with speech.create(model="tts-1", voice="ryan", input="Hello there, how are you?",
+                       response_format=response_format) as response:
+        assert response.headers["content-type"] == content_type
         chunks = [chunk for chunk in response.iter_bytes() if chunk]
     assert len(chunks) > 1
-    samples, rate = decode(b"".join(chunks), "wav")
+    samples, rate = decode(b"".join(chunks), response_format)
     assert rate == SAMPLE_RATE and len(samples) > 0
 
 

@@ -140,8 +140,8 @@ def test_a_call_past_the_servers_time_limit_gets_504_in_openais_shape(tiny_model
 
     monkeypatch.setattr(runner, "start_step", slow)
     try:
-        # MP3 is sent once complete, so the limit is met before any audio: the answer is an error, not a cut body.
-        status, body = post_speech("127.0.0.1", port, {**SPEECH, "response_format": "mp3"})
+        # FLAC is sent once complete, so the limit is met before any audio: the answer is an error, not a cut body.
+        status, body = post_speech("127.0.0.1", port, {**SPEECH, "response_format": "flac"})
         assert status == 504
         error = json.loads(body)["error"]
         assert (error["type"], error["code"]) == ("server_error", "timeout")

@@ -9,10 +9,10 @@ model a voice registered over gRPC (CreateVoice); for a VoiceDesign model `instr
 `model` is the served model's id or one of OpenAI's speech model names, so that a client written for OpenAI runs
 unchanged.
 
-WAV, PCM and Opus are sent as the engine produces them. MP3 and FLAC are encoded as the audio comes, into a
-temporary file (in memory while it is small, on disk past that), and sent once the audio is complete: libsndfile
-finishes those files by rewriting their start. A client that disconnects cancels its handler (aiohttp's handler
-cancellation), which aborts its request in the engine.
+WAV, PCM, Opus and MP3 (frames, without the LAME tag a whole file would carry, as OpenAI streams it) are sent as
+the engine produces them. FLAC is encoded as the audio comes, into a temporary file (in memory while it is small,
+on disk past that), and sent once the audio is complete: libsndfile finishes it by rewriting its start. A client
+that disconnects cancels its handler (aiohttp's handler cancellation), which aborts its request in the engine.
 
 Nothing a client sends is trusted further than the gRPC door trusts it: the body is read within a size and a time
 limit and parsed as strict JSON (`http_body`), every parameter is checked against the same table of limits
@@ -53,9 +53,12 @@ MODELS_RPC = "OpenAIModels"
 SPEECH_ROUTE = "POST /v1/audio/speech"
 # OpenAI's speech model names, accepted for the served model.
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-_STREAMED_FORMATS = {"wav": AudioEncoding.WAV, "pcm": AudioEncoding.PCM16, "opus": AudioEncoding.OGG_OPUS}
-_FILE_FORMATS = {"mp3": FileEncoding.MP3, "flac": FileEncoding.FLAC}
-# An MP3 or FLAC file leaves in pieces of this size (an SSE event each, base64).
+# MP3 streams as frames (OpenAI's default format: the SDK's first bytes come with the first audio), as OpenAI's own
+# stream does, so without the LAME tag a whole file would carry.
+_STREAMED_FORMATS = {"wav": AudioEncoding.WAV, "pcm": AudioEncoding.PCM16, "opus": AudioEncoding.OGG_OPUS,
+                     "mp3": AudioEncoding.MP3}
+_FILE_FORMATS = {"flac": FileEncoding.FLAC}
+# A FLAC file leaves in pieces of this size (an SSE event each, base64).
 _FILE_PIECE_BYTES = 256 * 1024
 # As OpenAI labels them; pcm is 16-bit little-endian mono at 24 kHz, which is the model's rate.
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "flac": "audio/flac", "wav": "audio/wav",
@@ -326,7 +329,7 @@ class OpenAISpeechApi:
 
     async def _send_file(self, request: web.Request, response: web.StreamResponse, speech: SpeechRequest,
                          stream: RequestStream, record: CallRecord) -> None:
-        """MP3 or FLAC: encoded into a temporary file as the audio comes, sent in pieces once the file is whole."""
+        """FLAC: encoded into a temporary file as the audio comes, sent in pieces once the file is whole."""
         encoder = FileEncoder(_FILE_FORMATS[speech.response_format])
         try:
             summary = await self._steps.written_audio(stream, record, encoder.write)
