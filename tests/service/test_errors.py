@@ -64,6 +64,11 @@ INVALID_REQUESTS: dict[str, tuple[Callable[[TtsClient], object], str]] = {
                                 "audio_format.sample_rate"),
     "opus at a rate it lacks": (lambda c: list(c.synthesize_online("Hi.", RYAN, AudioFormat("ogg_opus", 44100))),
                                 "audio_format.sample_rate: Opus cannot encode at 44100 Hz"),
+    "mp3 at a bit rate it lacks": (
+        lambda c: list(c.synthesize_online("Hi.", RYAN, AudioFormat("mp3", 8000, bit_rate_kbps=4_000_000_000))),
+        "audio_format.bit_rate_kbps: 4000000000 kbps is not an MP3 bit rate at 8000 Hz"),
+    "a bit rate for pcm16": (lambda c: c.synthesize("Hi.", RYAN, AudioFormat("pcm16", 24000, bit_rate_kbps=64)),
+                             "audio_format.bit_rate_kbps: applies to MP3 only"),
     "unknown encoding number": (lambda c: c.stub.Synthesize(pb.SynthesizeRequest(
         text="Hi.", voice=RYAN.to_proto(), audio_format=pb.AudioFormat(encoding=42))), "audio_format.encoding"),
     "feature the model lacks: cloning": (
