@@ -49,9 +49,10 @@ def text_until(release: threading.Event, before: str, after: str) -> Iterator[st
 
 @pytest.fixture
 def fresh_server(tiny_models: dict[str, LoadedModel]) -> Iterator[RunningServer]:
-    # A call held open waits for its text longer than the tests' usual 1.5 s idle limit on a busy machine: the
-    # drain must find it still running, not ended by the limit.
-    running = start_server(tiny_models["custom_voice"], with_engine=False, drain_timeout_seconds=5.0,
+    # On a busy machine a call held open may wait for its text longer than the tests' usual 1.5 s idle limit,
+    # and the steps between starting a drain and releasing the call may outlast a few seconds: the drain must
+    # find the call still running, ended neither by the idle limit nor by the drain's own timeout.
+    running = start_server(tiny_models["custom_voice"], with_engine=False, drain_timeout_seconds=60.0,
                            stream_idle_timeout_seconds=30.0)
     yield running
     running.stop()
