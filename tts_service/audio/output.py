@@ -207,21 +207,19 @@ def encode_whole(samples: np.ndarray, output: OutputFormat, source_rate: int = M
 
 
 class FileEncoding(enum.Enum):
-    """Containers libsndfile completes by seeking back to their start when it closes them (FLAC's stream length,
-    MP3's LAME tag, without which decoders misread the first frames): sent whole, once the audio is complete."""
+    """Containers libsndfile completes by seeking back to their start when it closes them (FLAC's stream length in
+    its header): sent whole, once the audio is complete."""
 
-    MP3 = "mp3"
     FLAC = "flac"
 
 
 _FILE_CONTAINERS = {
-    FileEncoding.MP3: _Container("MP3", "MPEG_LAYER_III"),
     FileEncoding.FLAC: _Container("FLAC", "PCM_16"),
 }
 
 
 class FileEncoder:
-    """An MP3 or FLAC file written by libsndfile as the audio comes, into a temporary file held in memory up to
+    """A FLAC file written by libsndfile as the audio comes, into a temporary file held in memory up to
     `spool_bytes` and on disk past it: a long document is never held as samples (an hour of them is 345 MB of
     float32), nor as a file in memory (an hour of FLAC is some 80 MB).
 
