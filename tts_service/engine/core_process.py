@@ -76,8 +76,17 @@ class CoreSpec:
     stall_timeout_s: float
 
 
-def run_core(spec: CoreSpec, channel: socket.socket) -> None:
-    """The process's entry point (spawned, so that CUDA starts fresh in it)."""
+NewStream = Callable[[str], RequestStream]
+
+
+def load_engine(spec: CoreSpec, new_stream: NewStream) -> Engine:
+    return Engine.load(spec.model, spec.device, spec.engine, new_stream=new_stream)
+
+
+def run_core(spec: CoreSpec, channel: socket.socket, load: Callable[[CoreSpec, NewStream], Engine] = load_engine
+             ) -> None:
+    """The process's entry point (spawned, so that CUDA starts fresh in it). `load` makes the engine it serves
+    (the front door's benchmark serves a stand-in that paces frames without a model: benchmarks/front_door.py)."""
     configure_logging(spec.log_level, spec.log_format)
     sys.setswitchinterval(spec.gil_switch_interval_s)
     # A terminal's Ctrl-C, or a SIGTERM sent to the whole process group, would cut the streams the server is
@@ -88,7 +97,7 @@ def run_core(spec: CoreSpec, channel: socket.socket) -> None:
     # stall: a stuck step then names the call it is stuck in. faulthandler writes it without the GIL, which a stuck
     # thread may hold.
     faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
-    asyncio.run(_serve(spec, channel))
+    asyncio.run(_serve(spec, channel, load))
 
 
 class ForwardingStream(RequestStream):
@@ -239,13 +248,11 @@ class CoreBridge:
             self._apply(notice)
 
 
-async def _serve(spec: CoreSpec, channel: socket.socket) -> None:
+async def _serve(spec: CoreSpec, channel: socket.socket, load: Callable[[CoreSpec, NewStream], Engine]) -> None:
     reader, writer = await asyncio.open_unix_connection(sock=channel)
     outbox = Outbox(writer)
     try:
-        engine = await asyncio.to_thread(
-            Engine.load, spec.model, spec.device, spec.engine,
-            new_stream=lambda request_id: ForwardingStream(request_id, outbox.item))
+        engine = await asyncio.to_thread(load, spec, lambda request_id: ForwardingStream(request_id, outbox.item))
     except Exception as error:  # the server's process logs why and exits
         send(writer, LoadFailed(portable(error)))
         await writer.drain()

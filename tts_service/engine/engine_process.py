@@ -137,13 +137,15 @@ class EngineProcess(StepObservers):
         self._receiving = asyncio.get_running_loop().create_task(self._receive(reader), name="tts-engine-core")
 
     @classmethod
-    async def start(cls, spec: CoreSpec) -> EngineProcess:
-        """Start the core's process and wait until its engine runs. Raises what loading raised there (a
-        CheckpointError, say), or EngineCoreExited when the process died before it could say."""
+    async def start(cls, spec: CoreSpec, target: Callable[[CoreSpec, socket.socket], None] = run_core
+                    ) -> EngineProcess:
+        """Start the core's process (`target`: its entry point, a module-level function) and wait until its engine
+        runs. Raises what loading raised there (a CheckpointError, say), or EngineCoreExited when the process died
+        before it could say."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # Spawned, not forked: CUDA cannot start in a child forked from a process that may have touched it.
         process = multiprocessing.get_context("spawn").Process(
-            target=run_core, args=(spec, theirs), name="tts-engine-core")
+            target=target, args=(spec, theirs), name="tts-engine-core")
         try:
             process.start()
         except BaseException:
