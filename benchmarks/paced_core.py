@@ -1,7 +1,8 @@
 """The stand-in engine of the front door's benchmark (benchmarks/front_door.py): the engine's door as the core's
 process serves it, without a model. Every running request gets a frame of noise each step, a step lasting what the
 1.7B model's frame step takes on an H100 at that many rows, and a request ends at the frames it asked for, as
-random weights do. It lives in a module of its own so that the core's process, spawned, can import its entry point.
+random weights do. Asked for word timings, it spreads a window's words evenly over its audio. It lives in a module
+of its own so that the core's process, spawned, can import its entry point.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from tts_service.engine.core_process import NewStream, run_core
 from tts_service.engine.engine import Engine, EngineOccupancy, EngineStoppedError
 from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
+from tts_service.model.aligner import AlignmentItem, WordTiming
+from tts_service.model.aligner_text import split_words
 from tts_service.model.checkpoint import LoadOptions
 from tts_service.model.loading import load_model
 
@@ -33,6 +36,9 @@ FRAME_STEP_MS = ((1, 3.61), (8, 5.34), (64, 6.71), (128, 8.17), (256, 11.50))
 NUM_CODEBOOKS = 16
 # Noise frames the stand-in cycles through (a frame's samples cost it nothing to make).
 NUM_NOISE_FRAMES = 32
+# What the stand-in's aligner takes for a window: the 0.6B aligner's smallest captured batch on an H100 (BENCHMARKS.md,
+# "Voice agents").
+ALIGN_S = 0.0036
 # The stand-in core's model record: the tiny random checkpoint's (its frame rate and sample rate are the real ones).
 MODEL = "random:tiny-custom_voice"
 
@@ -88,7 +94,8 @@ class PacedEngine:
     @classmethod
     def for_core(cls, spec: CoreSpec, new_stream: NewStream) -> Engine:
         model = load_model(MODEL, LoadOptions.default_for("cpu"))
-        info = ModelInfo.of(model)
+        # With --aligner-model, requests may ask for word timestamps; the stand-in times words itself.
+        info = ModelInfo.of(model, aligner=spec.engine.aligner_model)
         return cast(Engine, cls(info, spec.engine.max_unread_frames(info.frame_rate_hz), new_stream))
 
     # -- the door's calls and notices ------------------------------------------------------------
@@ -132,8 +139,13 @@ class PacedEngine:
     async def delete_voice(self, *args: object) -> None:
         raise RuntimeError("the paced stand-in engine has no voices")
 
-    async def align_words(self, *args: object) -> Any:
-        raise RuntimeError("the paced stand-in engine has no aligner")
+    async def align_words(self, item: AlignmentItem) -> list[WordTiming]:
+        """The item's words spread evenly over its audio, after what a small batch of the aligner takes."""
+        await asyncio.sleep(ALIGN_S)
+        words = split_words(item.text, item.language)
+        seconds = item.audio.shape[0] / item.sample_rate / max(1, len(words))
+        return [WordTiming(word.start_char, word.end_char, index * seconds, (index + 1) * seconds)
+                for index, word in enumerate(words)]
 
     # -- what the core's loop reads --------------------------------------------------------------
 

@@ -68,12 +68,15 @@ def test_a_paused_request_gets_no_frames_and_an_aborted_one_ends_aborted(tiny_mo
     asyncio.run(run())
 
 
-def test_the_benchmark_drives_the_real_server_and_reports_its_cpu_for_every_call(tmp_path: Path) -> None:
+def test_the_benchmark_drives_the_real_server_and_reports_its_cpu_for_every_call_words_included(
+        tmp_path: Path) -> None:
     out = tmp_path / "front-door.json"
-    assert main(["--rates", "4", "--duration", "3", "--out", str(out)]) == 0
+    argv = ["--rates", "4w", "--duration", "3", "--server-flag=--aligner-model=random:tiny", "--out", str(out)]
+    assert main(argv) == 0
     report = json.loads(out.read_text())
-    assert report["command"] == f"python -m benchmarks.front_door --rates 4 --duration 3 --out {out}"
+    assert report["command"] == "python -m benchmarks.front_door " + " ".join(argv)
     (row,) = report["results"]
+    assert row["rate"] == "4w" and row["word_lag_ms"]["num_messages"] >= row["num_calls"]
     assert row["num_calls"] >= 3 and row["num_completed"] == row["num_calls"] and row["errors_by_status"] == {}
     assert row["front_door_cpu_s"] > 0 and row["core_cpu_s"] > 0 and row["audio_s"] > 0
     assert row["gc"]["num_collections"] > 0 and row["num_requests_with_underruns"] == 0
