@@ -4,11 +4,12 @@ socket) costs per call, on a CPU, with no model and no GPU.
 The server is the real one, with its real engine-core process and wire; only the engine inside that process is a
 stand-in (`benchmarks.paced_core`): every running request gets a frame of noise each step, a step lasting what the
 1.7B model's frame step takes on an H100 at that many rows (BENCHMARKS.md, frame step), and a request ends at the
-frames it asked for, as random weights do. The repository's load generator drives it, open loop, mixed calls. What is
-measured is the server process's CPU time over each load, per call and per second of audio sent: the front door is
-one Python process, so its CPU per call bounds the request rate one server can carry (BENCHMARKS.md, "Several GPUs
-behind one server"). Its first-audio figures are the front door's and the wire's share only. A rate written with a
-w (20w) has every request ask for word timestamps, timed by the stand-in (the server needs an --aligner-model).
+frames it asked for, as random weights do. The repository's load generator drives it, open loop (mixed calls unless
+--rpc says). What is measured is the server process's CPU time over each load, per call and per second of audio
+sent: the front door is one Python process, so its CPU per call bounds the request rate one server can carry
+(BENCHMARKS.md, "Several GPUs behind one server"). Its first-audio figures are the front door's and the wire's share
+only. A rate written with a w (20w) has every request ask for word timestamps, timed by the stand-in (the server
+needs an --aligner-model).
 
     python -m benchmarks.front_door --rates 10,20,30 --duration 20 --out bench-results/front-door.json
     python -m benchmarks.front_door --rates 20,20w --server-flag=--aligner-model=random:tiny --out ...
@@ -72,10 +73,10 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def load(port: int, rate: float, duration_s: float, out: Path, is_words: bool) -> dict[str, Any]:
+async def load(port: int, rate: float, duration_s: float, rpc: str, out: Path, is_words: bool) -> dict[str, Any]:
     loadgen = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "clients.loadgen", "--server", f"127.0.0.1:{port}", "--rate", str(rate),
-        "--duration", str(duration_s), "--rpc", "mixed", "--seed", "1", "--out", str(out),
+        "--duration", str(duration_s), "--rpc", rpc, "--seed", "1", "--out", str(out),
         *(["--word-timestamps"] if is_words else []), stdout=subprocess.DEVNULL)
     if await loadgen.wait() != 0:
         raise RuntimeError(f"the load generator failed at {rate} req/s")
@@ -83,14 +84,15 @@ async def load(port: int, rate: float, duration_s: float, out: Path, is_words: b
         return cast(dict[str, Any], json.load(file)["summary"])
 
 
-async def measured_load(port: int, core_pid: int, rate: str, duration_s: float, scratch: Path) -> dict[str, Any]:
+async def measured_load(port: int, core_pid: int, rate: str, duration_s: float, rpc: str, scratch: Path
+                        ) -> dict[str, Any]:
     """One load at `rate` (req/s; with a w, 20w, every request asks for word timestamps): what the load generator saw,
     and the CPU time the server's process and the core's took."""
     pauses = GcPauses()
     gc.callbacks.append(pauses)
     try:
         cpu, core_cpu = time.process_time(), process_cpu_seconds(core_pid)
-        summary = await load(port, float(rate.removesuffix("w")), duration_s, scratch / f"{rate}.json.gz",
+        summary = await load(port, float(rate.removesuffix("w")), duration_s, rpc, scratch / f"{rate}.json.gz",
                              rate.endswith("w"))
         cpu, core_cpu = time.process_time() - cpu, process_cpu_seconds(core_pid) - core_cpu
     finally:
@@ -105,7 +107,7 @@ async def measured_load(port: int, core_pid: int, rate: str, duration_s: float, 
             "word_lag_ms": summary["word_lag_ms"]}
 
 
-async def measure(rates: list[str], duration_s: float, server_flags: list[str]) -> list[dict[str, Any]]:
+async def measure(rates: list[str], duration_s: float, rpc: str, server_flags: list[str]) -> list[dict[str, Any]]:
     """The server on a free port in front of the stand-in core, serving as `python -m tts_service` does (start-up
     objects frozen out of the collector's walks, long collections logged), and one measured load a rate."""
     port = free_port()
@@ -126,7 +128,7 @@ async def measure(rates: list[str], duration_s: float, server_flags: list[str]) 
         await server.serve(door, create_metrics(config, door.model_info))
         with tempfile.TemporaryDirectory() as scratch:
             for rate in rates:
-                row = await measured_load(port, door.pid, rate, duration_s, Path(scratch))
+                row = await measured_load(port, door.pid, rate, duration_s, rpc, Path(scratch))
                 rows.append(row)
                 sys.stdout.write(f"{rate:>6s} req/s: {row['num_calls']} calls, front door "
                                  f"{row['front_door_cpu_s']:6.2f} CPU s ({row['front_door_cpu_ms_per_call']:.2f} ms "
@@ -145,12 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", default="10,20,30",
                         help="request rates, one load each (req/s; 20w: every request asks for word timestamps)")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load a rate")
+    parser.add_argument("--rpc", choices=("online", "streaming", "mixed"), default="mixed",
+                        help="the load generator's calls: SynthesizeOnline, StreamingSynthesize, or a random mix")
     parser.add_argument("--server-flag", action="append", default=[], dest="server_flags",
                         help="one more server flag (repeat), e.g. --server-flag=--max-concurrent=256")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     rates = args.rates.split(",")
-    rows = asyncio.run(measure(rates, args.duration, args.server_flags))
+    rows = asyncio.run(measure(rates, args.duration, args.rpc, args.server_flags))
     result = {"benchmark": "front_door", "date": time.strftime("%Y-%m-%d"), "cpu": _cpu_name(),
               "num_cpus": os.cpu_count(),
               "command": " ".join(["python -m benchmarks.front_door", *(argv or sys.argv[1:])]),
