@@ -11,7 +11,8 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import pytest
@@ -28,6 +29,10 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # The random model never stops on its own: a short limit keeps a call short.
 TWO_FRAMES = Generation(temperature=0.0, max_audio_seconds=0.16)
 SECOND_SERVER_TIMEOUT_S = 120.0
+# How long a call held open waits for the rest of its text: past anything a busy CI machine takes between the steps
+# of a test, so that the call never ends by itself while the test holds it (nor by the server's idle limit, nor
+# by the drain's timeout, which the drained server's fixture sets as long).
+HELD_CALL_S = 120.0
 
 
 def health(client: TtsClient, service: str = "") -> int:
@@ -41,19 +46,25 @@ def assert_unavailable(client: TtsClient) -> None:
     assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
+def ending_of(call: Future[list[Any]]) -> str:
+    if not call.done():
+        return "the call still runs"
+    error = call.exception()
+    return f"the call ended with {error!r}" if error is not None else f"the call completed: {call.result()[-1]}"
+
+
 def text_until(release: threading.Event, before: str, after: str) -> Iterator[str]:
     yield before
-    release.wait(timeout=30)
+    release.wait(timeout=HELD_CALL_S)
     yield after
 
 
 @pytest.fixture
 def fresh_server(tiny_models: dict[str, LoadedModel]) -> Iterator[RunningServer]:
-    # On a busy machine a call held open may wait for its text longer than the tests' usual 1.5 s idle limit,
-    # and the steps between starting a drain and releasing the call may outlast a few seconds: the drain must
-    # find the call still running, ended neither by the idle limit nor by the drain's own timeout.
-    running = start_server(tiny_models["custom_voice"], with_engine=False, drain_timeout_seconds=60.0,
-                           stream_idle_timeout_seconds=30.0)
+    # The drain must find the held call still running, ended neither by the idle limit (the tests' usual 1.5 s)
+    # nor by the drain's own timeout, however long a busy machine takes between the test's steps.
+    running = start_server(tiny_models["custom_voice"], with_engine=False, drain_timeout_seconds=HELD_CALL_S,
+                           stream_idle_timeout_seconds=HELD_CALL_S)
     yield running
     running.stop()
 
@@ -78,7 +89,9 @@ def test_draining_refuses_new_calls_and_lets_running_ones_finish(fresh_server: R
         assert wait_until(lambda: health(client) == NOT_SERVING)
         assert health(client, SERVICE_NAME) == NOT_SERVING
         assert_unavailable(client)
-        assert not drained.done()  # still waiting for the running call
+        # Still waiting for the running call; if not, say why it ended.
+        assert not drained.done(), (f"the drain ended ({drained.result()}) before the held call was released: "
+                                    f"{ending_of(running)}")
         release.set()
         assert running.result(timeout=30)[-1].completion.usage.audio_frames >= 2
         assert drained.result(timeout=10) is True
