@@ -32,8 +32,7 @@ async def next_message(messages: AsyncIterator[Any], config: ServerConfig, start
         raise call_too_long_error(config)
     timeout = min(config.stream_idle_timeout_seconds, remaining_s)
     try:
-        # A timeout scope, not wait_for: wait_for wraps every message's read in a task of its own, a third of the
-        # event loop's tasks under streamed text (the benchmark of benchmarks/front_door.py).
+        # A timeout scope, not wait_for, which would wrap every message's read in a task of its own.
         async with asyncio.timeout(timeout):
             return await anext(messages)
     except StopAsyncIteration:

@@ -39,7 +39,7 @@ from tts_service.engine.step_observers import StepObservers
 from tts_service.engine.streams import AudioChunk, RequestFailed, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.voice_files import RegisteredVoice
 from tts_service.engine.warm_up import warm_up
-from tts_service.engine.wire import Batch, Call, LoadFailed, Notice, Ready, Reply, Sender, Stop, receive
+from tts_service.engine.wire import Batch, Call, LoadFailed, Notice, Ready, Reply, Stop, receive, send
 from tts_service.model.aligner import AlignmentItem, WordTiming
 from tts_service.model.prompts import VoiceClone
 
@@ -122,7 +122,6 @@ class EngineProcess(StepObservers):
         super().__init__(clock)
         self._process = process
         self._writer = writer
-        self._sender = Sender(writer)
         self.model_info: ModelInfo = ready.model_info
         self.max_unread_frames = ready.max_unread_frames
         self._graph_batch_sizes = ready.captured_graph_batch_sizes
@@ -294,8 +293,7 @@ class EngineProcess(StepObservers):
             self._is_stopping = True
             self._watch.stop()  # the core's own way out has a limit of its own, below
             with contextlib.suppress(ConnectionError):
-                self._sender.send(Stop())
-                self._sender.flush()
+                send(self._writer, Stop())
                 await self._writer.drain()
         await asyncio.to_thread(self._process.join, _EXIT_GRACE_S)
         if self._process.is_alive():
@@ -309,7 +307,7 @@ class EngineProcess(StepObservers):
         AttributeError, and one the core would not take as a notice as a ValueError, before anything is sent."""
         method = declared_name(operation, EngineNotices)
         if self.is_running:
-            self._sender.send(Notice(method, args))
+            send(self._writer, Notice(method, args))
 
     async def _call(self, operation: Callable[..., Awaitable[T]], *args: Any) -> T:
         return await self._send_call(operation, *args)
@@ -323,7 +321,7 @@ class EngineProcess(StepObservers):
         reply: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._replies[call_id] = reply
         reply.add_done_callback(lambda _: self._replies.pop(call_id, None))
-        self._sender.send(Call(call_id, method, args))
+        send(self._writer, Call(call_id, method, args))
         self._watch.watch()
         return reply
 

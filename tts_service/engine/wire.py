@@ -4,8 +4,7 @@ One Unix socket pair joins them. Each message is a length-prefixed pickle (proto
 as raw bytes); both ends are processes this package started, so the pickles are trusted. The messages are
 small frozen dataclasses. The core batches what it sends: one message per turn of its event loop carries
 every stream's new audio and every step's observation since the last one. It also sends a Batch, empty or
-not, at a fixed interval: the heartbeat by which the server tells a core that has stopped or stalled. The
-server writes its messages of one turn of its loop together (`Sender`).
+not, at a fixed interval: the heartbeat by which the server tells a core that has stopped or stalled.
 """
 
 from __future__ import annotations
@@ -114,27 +113,6 @@ def encode(message: object) -> bytes:
 
 def send(writer: asyncio.StreamWriter, message: object) -> None:
     writer.write(encode(message))
-
-
-class Sender:
-    """Messages to the other process, written once a turn of the event loop: under load a turn's many messages (a
-    streamed call's text fragments, other calls' submits and pauses) go out in one write, one system call, and wake
-    the other process once, where each message had cost both."""
-
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self._writer = writer
-        self._pending: list[bytes] = []
-
-    def send(self, message: object) -> None:
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self._pending.append(encode(message))
-
-    def flush(self) -> None:
-        """Write what is pending now; nothing, once the writer is closing (the other process has gone)."""
-        pending, self._pending = self._pending, []
-        if pending and not self._writer.is_closing():
-            self._writer.write(b"".join(pending))
 
 
 async def receive(reader: asyncio.StreamReader) -> object:
