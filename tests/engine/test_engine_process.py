@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
+import multiprocessing
 import os
 import signal
 import socket
@@ -44,8 +46,10 @@ from tts_service.engine import (
 )
 from tts_service.engine import engine as engine_module
 from tts_service.engine.core_process import run_core
+from tts_service.engine.engine import EngineOccupancy
+from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.step_work import StepDone, StepWork
-from tts_service.engine.wire import portable
+from tts_service.engine.wire import Ready, portable
 from tts_service.model.checkpoint import LoadedModel
 from tts_service.runner.runner import ModelRunner
 
@@ -452,3 +456,24 @@ def pid_is_running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_an_engine_process_left_behind_by_a_closed_event_loop_is_discarded_without_an_error(
+        tiny_models: dict[str, LoadedModel], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its receiving task, discarded unfinished once the loop has closed, has no streams to fail on that loop."""
+    raised: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", raised.append)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ready = Ready(ModelInfo.of(tiny_models["custom_voice"]), {}, None, EngineOccupancy(0, 0, 0, 0, 0, 1))
+
+    async def start() -> EngineProcess:
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        return EngineProcess(multiprocessing.get_context("spawn").Process(), reader, writer, ready, 30.0)
+
+    loop = asyncio.new_event_loop()
+    engine = loop.run_until_complete(start())
+    loop.close()
+    del engine
+    gc.collect()
+    theirs.close()
+    assert raised == []

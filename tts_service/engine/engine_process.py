@@ -134,7 +134,8 @@ class EngineProcess(StepObservers):
         self._exited = asyncio.Event()
         # From Ready on: the start-up's loading and graph capture are behind it.
         self._watch = _ProgressWatch(stall_timeout_s, clock, self._holds_work, self._on_stall)
-        self._receiving = asyncio.get_running_loop().create_task(self._receive(reader), name="tts-engine-core")
+        self._loop = asyncio.get_running_loop()
+        self._receiving = self._loop.create_task(self._receive(reader), name="tts-engine-core")
 
     @classmethod
     async def start(cls, spec: CoreSpec, target: Callable[[CoreSpec, socket.socket], None] | None = None
@@ -336,7 +337,10 @@ class EngineProcess(StepObservers):
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
-            self._on_exit()
+            # Discarded unfinished after its loop closed (a test's, say), the task has nobody left to tell; failing
+            # the streams would only raise on that closed loop.
+            if not self._loop.is_closed():
+                self._on_exit()
 
     def _apply(self, batch: Batch) -> None:
         # A core whose loop runs but whose step never ends sends batches all the same: it progressed only up to the
