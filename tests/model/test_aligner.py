@@ -18,7 +18,7 @@ import torch
 from tts_service.model.aligner import AlignmentItem, ForcedAligner, WordTiming, prepare_audio
 from tts_service.model.aligner_config import AlignerConfig, audio_token_count
 from tts_service.model.aligner_random import aligner_config_dict, write_random_aligner
-from tts_service.model.aligner_text import UnsupportedLanguageError, repair_order, split_words
+from tts_service.model.aligner_text import UnsupportedLanguageError, is_cjk, num_cjk, repair_order, split_words
 from tts_service.model.checkpoint import CheckpointError
 
 SAMPLE_RATE = 24000
@@ -149,6 +149,19 @@ def test_english_words_drop_punctuation_and_keep_apostrophes() -> None:
 def test_punctuation_inside_a_word_is_dropped_from_its_text_but_not_its_span() -> None:
     assert spans("The U.S.A. (e-mail) — ok?! ...") == [("The", "The"), ("USA", "U.S.A"), ("email", "e-mail"),
                                                        ("ok", "ok")]
+
+
+# The reference's CJK ideograph ranges (qwen-asr 0.0.6), as it tests each code point.
+REFERENCE_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+                        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF))
+
+
+def test_every_code_point_is_cjk_exactly_when_a_reference_range_holds_it_and_a_text_counts_them() -> None:
+    every = [chr(code) for code in range(0x110000) if not 0xD800 <= code <= 0xDFFF]
+    cjk = [char for char in every if any(low <= ord(char) <= high for low, high in REFERENCE_CJK_RANGES)]
+    assert [char for char in every if is_cjk(char)] == cjk
+    assert num_cjk("".join(every)) == len(cjk)
+    assert num_cjk("Hello, 世界 and 𠀀!") == 3
 
 
 def test_every_chinese_character_is_a_word() -> None:

@@ -19,7 +19,7 @@ import pytest
 from clients.qwen3_tts_client import AudioFormat, CloseUtterance, Say, TtsClient, tts_pb2
 from clients.qwen3_tts_client.client import fragment_request
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server
-from tts_service.api.word_timestamps import TimedWord, WordTracker
+from tts_service.api.word_timestamps import _ALPHANUMERIC, TimedWord, WordTracker
 from tts_service.model.aligner import AlignmentItem, WordTiming
 from tts_service.model.aligner_text import split_words
 from tts_service.model.checkpoint import LoadedModel
@@ -58,6 +58,11 @@ def feed(tracker: WordTracker, seconds: float, step_s: float = 0.1) -> list[Time
 
 def run(coroutine: object) -> object:
     return asyncio.run(coroutine)  # type: ignore[arg-type]
+
+
+def test_the_letters_and_digits_a_tracker_counts_are_exactly_those_str_isalnum_accepts() -> None:
+    every = [chr(code) for code in range(0x110000) if not 0xD800 <= code <= 0xDFFF]
+    assert [char for char in every if _ALPHANUMERIC.fullmatch(char)] == [char for char in every if char.isalnum()]
 
 
 def test_sentences_are_committed_once_spoken_and_the_rest_when_the_request_ends() -> None:

@@ -12,6 +12,7 @@ reference's rule (`repair_order`) before they become times.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,9 @@ _SHORT_RUN = 2
 # The ranges the reference counts as CJK ideographs: unified ideographs, extensions A to E, compatibility ideographs.
 _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
                (0x2B820, 0x2CEAF), (0xF900, 0xFAFF))
+# The same ranges as one character class: a text's CJK characters are found and counted at the regex engine's speed,
+# where a test of each range for each character took a word tracker a quarter of the front door's time.
+_CJK_CHARACTER = re.compile("[" + "".join(f"{chr(low)}-{chr(high)}" for low, high in _CJK_RANGES) + "]")
 
 
 class UnsupportedLanguageError(ValueError):
@@ -43,8 +47,12 @@ class Word:
 
 
 def is_cjk(char: str) -> bool:
-    code = ord(char)
-    return any(low <= code <= high for low, high in _CJK_RANGES)
+    return _CJK_CHARACTER.match(char) is not None
+
+
+def num_cjk(text: str) -> int:
+    """How many of the text's characters are CJK ideographs (as `is_cjk` counts them)."""
+    return len(_CJK_CHARACTER.findall(text))
 
 
 def is_kept(char: str) -> bool:
