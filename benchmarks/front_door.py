@@ -3,13 +3,13 @@ socket) costs per call, on a CPU, with no model and no GPU.
 
 The server is the real one, with its real engine-core process and wire; only the engine inside that process is a
 stand-in (`benchmarks.paced_core`): every running request gets a frame of noise each step, a step lasting what the
-1.7B model's frame step takes on an H100 at that many rows (BENCHMARKS.md, frame step), and a request ends at the
-frames it asked for, as random weights do. The repository's load generator drives it, open loop (mixed calls unless
---rpc says). What is measured is the server process's CPU time over each load, per call and per second of audio
-sent: the front door is one Python process, so its CPU per call bounds the request rate one server can carry
-(BENCHMARKS.md, "Several GPUs behind one server"). Its first-audio figures are the front door's and the wire's share
-only. A rate written with a w (20w) has every request ask for word timestamps, timed by the stand-in (the server
-needs an --aligner-model).
+1.7B (or, with --model-size, the 0.6B) model's frame step takes on an H100 at that many rows (BENCHMARKS.md, frame
+step), and a request ends at the frames it asked for, as random weights do. The repository's load generator drives
+it, open loop (mixed calls unless --rpc says). What is measured is the server process's CPU time over each load, per
+call and per second of audio sent: the front door is one Python process, so its CPU per call bounds the request rate
+one server can carry (BENCHMARKS.md, "Several GPUs behind one server"). Its first-audio figures are the front door's
+and the wire's share only. A rate written with a w (20w) has every request ask for word timestamps, timed by the
+stand-in (the server needs an --aligner-model).
 
     python -m benchmarks.front_door --rates 10,20,30 --duration 20 --out bench-results/front-door.json
     python -m benchmarks.front_door --rates 20,20w --server-flag=--aligner-model=random:tiny --out ...
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from benchmarks.paced_core import FRAME_STEP_MS, MODEL, run_paced_core
+from benchmarks.paced_core import FRAME_STEP_MS, RECORD_MODEL, run_paced_core, stood_in_model
 from observability.gc_pauses import LOGGED_PAUSE_S, freeze_startup_objects, thaw_startup_objects, watch_pauses
 from observability.logs import configure_logging
 from tts_service.api.config import load_config
@@ -107,16 +107,17 @@ async def measured_load(port: int, core_pid: int, rate: str, duration_s: float, 
             "word_lag_ms": summary["word_lag_ms"]}
 
 
-async def measure(rates: list[str], duration_s: float, rpc: str, server_flags: list[str]) -> list[dict[str, Any]]:
+async def measure(rates: list[str], duration_s: float, rpc: str, size: str, server_flags: list[str]
+                  ) -> list[dict[str, Any]]:
     """The server on a free port in front of the stand-in core, serving as `python -m tts_service` does (start-up
     objects frozen out of the collector's walks, long collections logged), and one measured load a rate."""
     port = free_port()
-    config = load_config(["--model", MODEL, "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+    config = load_config(["--model", RECORD_MODEL, "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
                           "--metrics-port", str(free_port()), "--max-calls-per-caller", "100000", *server_flags])
     configure_logging(config.log_level, config.log_format)
     server = TtsServer(config)
     await server.start()
-    spec = CoreSpec(config.model, "cpu", config.engine, config.log_level, config.log_format,
+    spec = CoreSpec(stood_in_model(size), "cpu", config.engine, config.log_level, config.log_format,
                     config.gil_switch_interval_ms / 1000, config.engine_stall_timeout_seconds)
     door = await EngineProcess.start(spec, target=run_paced_core)
     assert door.pid is not None
@@ -149,16 +150,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load a rate")
     parser.add_argument("--rpc", choices=("online", "streaming", "mixed"), default="mixed",
                         help="the load generator's calls: SynthesizeOnline, StreamingSynthesize, or a random mix")
+    parser.add_argument("--model-size", choices=sorted(FRAME_STEP_MS), default="1.7b",
+                        help="whose frame step the stand-in core paces its steps by")
     parser.add_argument("--server-flag", action="append", default=[], dest="server_flags",
                         help="one more server flag (repeat), e.g. --server-flag=--max-concurrent=256")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     rates = args.rates.split(",")
-    rows = asyncio.run(measure(rates, args.duration, args.rpc, args.server_flags))
+    rows = asyncio.run(measure(rates, args.duration, args.rpc, args.model_size, args.server_flags))
     result = {"benchmark": "front_door", "date": time.strftime("%Y-%m-%d"), "cpu": _cpu_name(),
               "num_cpus": os.cpu_count(),
               "command": " ".join(["python -m benchmarks.front_door", *(argv or sys.argv[1:])]),
-              "frame_step_ms": FRAME_STEP_MS, "results": rows}
+              "model_size": args.model_size, "frame_step_ms": FRAME_STEP_MS[args.model_size], "results": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     return 0

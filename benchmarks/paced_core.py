@@ -31,8 +31,10 @@ from tts_service.model.aligner_text import split_words
 from tts_service.model.checkpoint import LoadOptions
 from tts_service.model.loading import load_model
 
-# The 1.7B frame step on an H100 by rows (device time, ms; BENCHMARKS.md): the stand-in's step between these.
-FRAME_STEP_MS = ((1, 3.61), (8, 5.34), (64, 6.71), (128, 8.17), (256, 11.50))
+# The frame step on an H100 by rows (device time, ms; BENCHMARKS.md, "Frame step"), by the model stood in for (the
+# CoreSpec's model, random:1.7b-custom_voice or random:0.6b-custom_voice): the stand-in's step lies between these.
+FRAME_STEP_MS = {"1.7b": ((1, 3.61), (8, 5.34), (64, 6.71), (128, 8.17), (256, 11.50)),
+                 "0.6b": ((1, 2.93), (8, 4.62), (64, 5.90), (128, 7.27), (256, 10.34))}
 NUM_CODEBOOKS = 16
 # Noise frames the stand-in cycles through (a frame's samples cost it nothing to make).
 NUM_NOISE_FRAMES = 32
@@ -40,18 +42,23 @@ NUM_NOISE_FRAMES = 32
 # "Voice agents").
 ALIGN_S = 0.0036
 # The stand-in core's model record: the tiny random checkpoint's (its frame rate and sample rate are the real ones).
-MODEL = "random:tiny-custom_voice"
+RECORD_MODEL = "random:tiny-custom_voice"
 
 
-def step_seconds(num_rows: int) -> float:
-    """The frame step at `num_rows`, linear between the measured row counts, flat past the last."""
-    rows = [count for count, _ in FRAME_STEP_MS]
+def stood_in_model(size: str) -> str:
+    return f"random:{size}-custom_voice"
+
+
+def step_seconds(num_rows: int, size: str = "1.7b") -> float:
+    """The `size` model's frame step at `num_rows`, linear between the measured row counts, flat past the last."""
+    table = FRAME_STEP_MS[size]
+    rows = [count for count, _ in table]
     index = bisect.bisect_left(rows, num_rows)
     if index == 0:
-        return FRAME_STEP_MS[0][1] / 1e3
+        return table[0][1] / 1e3
     if index == len(rows):
-        return FRAME_STEP_MS[-1][1] / 1e3
-    (low, low_ms), (high, high_ms) = FRAME_STEP_MS[index - 1], FRAME_STEP_MS[index]
+        return table[-1][1] / 1e3
+    (low, low_ms), (high, high_ms) = table[index - 1], table[index]
     return (low_ms + (high_ms - low_ms) * (num_rows - low) / (high - low)) / 1e3
 
 
@@ -77,9 +84,10 @@ class _Paced:
 class PacedEngine:
     """The engine's door, as the core's process serves it, without a model (see the module's docstring)."""
 
-    def __init__(self, model_info: ModelInfo, max_unread_frames: int, new_stream: NewStream,
+    def __init__(self, model_info: ModelInfo, max_unread_frames: int, new_stream: NewStream, size: str = "1.7b",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.model_info = model_info
+        self.size = size
         self.max_unread_frames = max_unread_frames
         self.runner_call_since: float | None = None
         self._new_stream = new_stream
@@ -93,10 +101,11 @@ class PacedEngine:
 
     @classmethod
     def for_core(cls, spec: CoreSpec, new_stream: NewStream) -> Engine:
-        model = load_model(MODEL, LoadOptions.default_for("cpu"))
+        size = next(size for size in FRAME_STEP_MS if spec.model == stood_in_model(size))
+        model = load_model(RECORD_MODEL, LoadOptions.default_for("cpu"))
         # With --aligner-model, requests may ask for word timestamps; the stand-in times words itself.
         info = ModelInfo.of(model, aligner=spec.engine.aligner_model)
-        return cast(Engine, cls(info, spec.engine.max_unread_frames(info.frame_rate_hz), new_stream))
+        return cast(Engine, cls(info, spec.engine.max_unread_frames(info.frame_rate_hz), new_stream, size))
 
     # -- the door's calls and notices ------------------------------------------------------------
 
@@ -184,7 +193,7 @@ class PacedEngine:
                 await self._wake.wait()
                 next_step = self._clock()
                 continue
-            duration = step_seconds(len(rows))
+            duration = step_seconds(len(rows), self.size)
             next_step = max(next_step + duration, self._clock())
             await asyncio.sleep(next_step - self._clock())
             self._step(rows, duration)

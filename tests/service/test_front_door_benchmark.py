@@ -19,10 +19,13 @@ from tts_service.model.prompts import SynthesisInput
 from tts_service.runner.params import GenerationParams
 
 
-def test_a_stand_in_step_lasts_the_measured_frame_step_and_between_row_counts_a_straight_line() -> None:
-    assert [step_seconds(rows) for rows, _ in FRAME_STEP_MS] == pytest.approx([ms / 1e3 for _, ms in FRAME_STEP_MS])
-    assert step_seconds(36) == pytest.approx((5.34 + (6.71 - 5.34) * 28 / 56) / 1e3)
-    assert step_seconds(1000) == step_seconds(256)
+@pytest.mark.parametrize("size", sorted(FRAME_STEP_MS))
+def test_a_stand_in_step_lasts_the_measured_frame_step_and_between_row_counts_a_straight_line(size: str) -> None:
+    table = FRAME_STEP_MS[size]
+    assert [step_seconds(rows, size) for rows, _ in table] == pytest.approx([ms / 1e3 for _, ms in table])
+    (_, at_8), (_, at_64) = table[1], table[2]
+    assert step_seconds(36, size) == pytest.approx((at_8 + (at_64 - at_8) * 28 / 56) / 1e3)
+    assert step_seconds(1000, size) == step_seconds(256, size)
 
 
 def request(request_id: str, num_frames: int, is_text_open: bool = False) -> SynthesisRequest:
