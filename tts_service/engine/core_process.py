@@ -86,7 +86,7 @@ def load_engine(spec: CoreSpec, new_stream: NewStream) -> Engine:
 def run_core(spec: CoreSpec, channel: socket.socket, load: Callable[[CoreSpec, NewStream], Engine] = load_engine
              ) -> None:
     """The process's entry point (spawned, so that CUDA starts fresh in it). `load` makes the engine it serves
-    (the front door's benchmark serves a stand-in that paces frames without a model: benchmarks/front_door.py)."""
+    (the front door's benchmark serves a stand-in that paces frames without a model: benchmarks/paced_core.py)."""
     configure_logging(spec.log_level, spec.log_format)
     sys.setswitchinterval(spec.gil_switch_interval_s)
     # A terminal's Ctrl-C, or a SIGTERM sent to the whole process group, would cut the streams the server is
