@@ -46,6 +46,16 @@ def assert_unavailable(client: TtsClient) -> None:
     assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
+def responses_noting_audio(responses: Iterator[Any], first_audio: threading.Event) -> list[Any]:
+    """Every response of a streamed call, `first_audio` set once one carries audio."""
+    received = []
+    for response in responses:
+        received.append(response)
+        if response.HasField("chunk"):
+            first_audio.set()
+    return received
+
+
 def ending_of(call: Future[list[Any]]) -> str:
     if not call.done():
         return "the call still runs"
@@ -81,10 +91,13 @@ def test_health_is_not_serving_and_speech_is_unavailable_until_the_engine_runs(f
 def test_draining_refuses_new_calls_and_lets_running_ones_finish(fresh_server: RunningServer) -> None:
     fresh_server.attach_engine()
     release = threading.Event()
+    first_audio = threading.Event()
     with fresh_server.client() as client, ThreadPoolExecutor(max_workers=1) as calls:
-        running = calls.submit(list, client.streaming_synthesize(text_until(release, "Hi ", "there."), RYAN,
-                                                                 generation=GREEDY))
-        assert wait_until(lambda: fresh_server.engine.num_live_requests == 1)
+        running = calls.submit(responses_noting_audio, client.streaming_synthesize(
+            text_until(release, "Hi ", "there."), RYAN, generation=GREEDY), first_audio)
+        # Its first audio says its text reached the server: an utterance with no text yet is cancelled by a drain,
+        # as a call's utterances are meant to be (a busy machine began the drain before the text had arrived).
+        assert first_audio.wait(timeout=HELD_CALL_S)
         drained = asyncio.run_coroutine_threadsafe(fresh_server.server.drain(), fresh_server.loop)
         assert wait_until(lambda: health(client) == NOT_SERVING)
         assert health(client, SERVICE_NAME) == NOT_SERVING
