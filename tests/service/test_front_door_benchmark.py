@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import front_door
 from benchmarks.front_door import main
 from benchmarks.paced_core import FRAME_STEP_MS, PacedEngine, step_seconds
 from scheduler.request import FinishReason
@@ -72,7 +73,10 @@ def test_a_paused_request_gets_no_frames_and_an_aborted_one_ends_aborted(tiny_mo
 
 
 def test_the_benchmark_drives_the_real_server_and_reports_its_cpu_for_every_call_words_included(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The command configures the process's logging as the server does; in the test process that would outlive the
+    # test (and take pytest's own log capture with it).
+    monkeypatch.setattr(front_door, "configure_logging", lambda level, log_format: None)
     out = tmp_path / "front-door.json"
     argv = ["--rates", "4w", "--duration", "3", "--server-flag=--aligner-model=random:tiny", "--out", str(out)]
     assert main(argv) == 0
