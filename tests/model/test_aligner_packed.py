@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tts_service.model import aligner_model
 from tts_service.model.aligner import AlignmentItem, ForcedAligner, WordTiming
 from tts_service.runner import aligner_runner
 from tts_service.runner.aligner_runner import AlignerRunner, Bucket, batches_that_fit, pack, smallest_bucket
@@ -103,3 +104,27 @@ def test_a_batch_beyond_the_largest_bucket_is_cut_and_a_clip_beyond_it_runs_alon
     assert eager_calls == [1]
     for item, timings in zip(batch, results, strict=True):
         assert timings == original([item])[0]
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_segment_bias_attends_exactly_as_the_boolean_mask_it_stands_for(is_causal: bool,
+                                                                            dtype: torch.dtype) -> None:
+    """Packed attention takes an additive bias made once a batch; SDPA makes the same one of a boolean mask at
+    every call (zeros, -inf where the mask is false). Its rows sit in a buffer aligned for the memory-efficient
+    kernel, which would otherwise copy them at every call."""
+    segment = torch.tensor([0, 0, 0, 1, 1, -1, 2, 2, 2, 2, -1, -1, 1])
+    bias = aligner_model.segment_bias(segment, is_causal=is_causal, dtype=dtype)
+    index = torch.arange(segment.shape[0])
+    allowed = (segment[:, None] == segment[None, :]) & (segment[None, :] >= 0)
+    if is_causal:
+        allowed &= index[None, :] <= index[:, None]
+    allowed |= index[:, None] == index[None, :]
+    assert bias.shape == (1, 1, 13, 13) and bias.dtype == dtype
+    assert torch.equal(bias[0, 0] == 0, allowed) and bool(torch.isneginf(bias[0, 0][~allowed]).all())
+    assert all(stride % 16 == 0 for stride in bias.stride()[:-1]) and bias.stride(-1) == 1
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, 4, 13, 32, generator=generator).to(dtype) for _ in range(3))
+    with_bias = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias)
+    with_mask = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed[None, None])
+    assert torch.equal(with_bias, with_mask)

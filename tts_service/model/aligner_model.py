@@ -66,11 +66,12 @@ class AudioAttention(nn.Module):
         self.out_proj = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor, clip_sizes: list[int] | None = None,
-                allowed: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [S, width] -> [S, width]: the tokens of one clip, or of several one after another (`clip_sizes`),
         each clip attending to itself only. The projections take every clip at once; the attention runs clip by
         clip, as one clip alone runs it, so that a batch gives each clip the numbers it gets alone. Packed clips
-        (`allowed` [S, S], which keys each token sees) attend in one call instead, as a captured graph needs."""
+        (`bias` [1, 1, S, S], `segment_bias`: which keys each token sees) attend in one call instead, as a captured
+        graph needs."""
         length = x.shape[0]
 
         def heads(projection: nn.Linear) -> torch.Tensor:
@@ -79,9 +80,9 @@ class AudioAttention(nn.Module):
         # The reference builds a block mask for 8-second windows but, outside flash-attention, never passes it:
         # every token sees the whole clip. Its SDPA call asks for grouped-query attention even with equal heads.
         extra = {"enable_gqa": True} if _SDPA_HAS_GQA else {}
-        if allowed is not None:
+        if bias is not None:
             out = F.scaled_dot_product_attention(heads(self.q_proj), heads(self.k_proj), heads(self.v_proj),
-                                                 attn_mask=allowed, scale=self.scale)
+                                                 attn_mask=bias, scale=self.scale)
             return self.out_proj(out[0].transpose(0, 1).reshape(length, -1))
         sizes = clip_sizes or [length]
         per_clip = zip(*(projection.split(sizes, dim=2) for projection in
@@ -101,8 +102,8 @@ class AudioEncoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(width)
 
     def forward(self, x: torch.Tensor, clip_sizes: list[int] | None = None,
-                allowed: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), clip_sizes, allowed)
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.self_attn_layer_norm(x), clip_sizes, bias)
         x = x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
         if x.dtype == torch.float16:  # as the reference: keep fp16 activations finite
             limit = torch.finfo(x.dtype).max - 1000
@@ -180,9 +181,9 @@ class AudioEncoder(nn.Module):
         num_chunks, channels, bins, steps = convolved.shape
         tokens = self.conv_out(convolved.permute(0, 3, 1, 2).reshape(num_chunks, steps, channels * bins))
         x = (tokens + self.positions[:steps].to(tokens.dtype)).reshape(num_chunks * steps, -1)
-        allowed = segment_mask(token_clip, is_causal=False)
+        bias = segment_bias(token_clip, is_causal=False, dtype=x.dtype)
         for layer in self.layers:
-            x = layer(x, allowed=allowed)
+            x = layer(x, bias=bias)
         return self.proj2(F.gelu(self.proj1(self.ln_post(x))))
 
     def _convolve(self, chunks: torch.Tensor) -> torch.Tensor:
@@ -226,29 +227,41 @@ class PrefillAttention:
                                               attn_mask=self.allowed, scale=scale)
 
 
-def segment_mask(segment: torch.Tensor, is_causal: bool) -> torch.Tensor:
-    """Which keys each query of a packed sequence sees [1, 1, S, S]: those of its own segment (`segment` [S]; -1:
-    padding, nobody's key), and only earlier ones when causal. Every query sees itself, so that a padding query's
-    (unread) output stays finite."""
-    index = torch.arange(segment.shape[0], device=segment.device)
+# Rows of an attention bias are padded to this many elements: the memory-efficient attention kernel reads a bias whose
+# row stride it divides as it is, and copies any other into such a layout at every call.
+_BIAS_ROW_ALIGNMENT = 16
+
+
+def segment_bias(segment: torch.Tensor, is_causal: bool, dtype: torch.dtype) -> torch.Tensor:
+    """Which keys each query of a packed sequence sees, as an additive attention bias [1, 1, S, S] in the
+    attention's dtype: 0 for the keys of its own segment (`segment` [S]; -1: padding, nobody's key), and only
+    earlier ones when causal; -inf for the rest. Every query sees itself, so that a padding query's (unread) output
+    stays finite. It is the bias attention makes of the equivalent boolean mask at every call (zeros, then -inf
+    where the mask is false), made once for all the layers; its rows lie in a wider buffer so that no call copies
+    it again to align them."""
+    length = segment.shape[0]
+    index = torch.arange(length, device=segment.device)
     allowed = (segment[:, None] == segment[None, :]) & (segment[None, :] >= 0)
     if is_causal:
         allowed &= index[None, :] <= index[:, None]
-    return (allowed | (index[:, None] == index[None, :]))[None, None]
+    allowed |= index[:, None] == index[None, :]
+    width = -(-length // _BIAS_ROW_ALIGNMENT) * _BIAS_ROW_ALIGNMENT
+    bias = torch.zeros(length, width, dtype=dtype, device=segment.device)[:, :length]
+    return bias.masked_fill_(allowed.logical_not(), float("-inf"))[None, None]
 
 
 class PackedAttention:
     """Causal attention over prompts packed one after another into one row (`layers.AttentionBackend`), each
     attending to its own tokens only: shapes that depend on the packed length alone, as a captured graph needs."""
 
-    def __init__(self, segment: torch.Tensor) -> None:
-        self.allowed = segment_mask(segment, is_causal=True)
+    def __init__(self, segment: torch.Tensor, dtype: torch.dtype) -> None:
+        self.bias = segment_bias(segment, is_causal=True, dtype=dtype)
 
     def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor,
                  value: torch.Tensor) -> torch.Tensor:
         num_heads = query.shape[1]
         return F.scaled_dot_product_attention(query, repeat_kv(key, num_heads), repeat_kv(value, num_heads),
-                                              attn_mask=self.allowed, scale=query.shape[-1] ** -0.5)
+                                              attn_mask=self.bias, scale=query.shape[-1] ** -0.5)
 
 
 @dataclass
@@ -306,7 +319,7 @@ class Thinker(nn.Module):
         is_audio = (batch.input_ids == self.config.audio_token_id)[:, None]
         embeds = torch.where(is_audio, audio[batch.audio_source].to(embeds.dtype), embeds)
         cos, sin = rope_cos_sin(self.inv_freq, batch.positions[None], embeds.dtype)
-        hidden = self.model.run_layers(embeds[None], cos, sin, PackedAttention(batch.segment))
+        hidden = self.model.run_layers(embeds[None], cos, sin, PackedAttention(batch.segment, embeds.dtype))
         return self.lm_head(hidden[0])
 
 
