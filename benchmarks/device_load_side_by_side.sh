@@ -41,5 +41,5 @@ PY
   kill -TERM $pid; wait $pid; echo "$label server exit $?"
   python3 -m benchmarks.loadgen_summaries "$out"
   server_log_faults "$out/server.log"
-  rm -f "$out/server.log"
+  grep -m1 "forced aligner" "$out/server.log" | cut -c1-300; rm -f "$out/server.log"
 done
