@@ -19,7 +19,7 @@ from typing import Protocol
 from tts_service.engine.config import EngineConfig
 from tts_service.model.aligner import AlignmentItem, ForcedAligner, WordTiming
 from tts_service.model.checkpoint import CheckpointError, LoadedModel
-from tts_service.runner.aligner_runner import AlignerRunner, GreenContextError
+from tts_service.runner.aligner_runner import AlignerRunner
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +38,9 @@ def load_aligner(config: EngineConfig, model: LoadedModel) -> AlignerRunner:
                                      max_download_wait_s=config.model_download_timeout_s)
     except (CheckpointError, ValueError, OSError) as error:
         raise CheckpointError(f"the forced aligner {config.aligner_model} (--aligner-model): {error}") from error
-    try:
-        runner = AlignerRunner(aligner, use_graphs=config.use_cuda_graphs, use_fused_kernels=config.use_fused_kernels,
-                               max_sms=config.aligner_sms)
-    except GreenContextError as error:
-        raise CheckpointError(f"--aligner-sms {config.aligner_sms}: {error}") from error
-    logger.info("forced aligner %s loaded on %s for word timestamps (%d graphs, fused kernels %s, %s)%s",
-                aligner.source, model.device, len(runner.captured_buckets), "on" if runner.is_fused else "off",
-                f"on {config.aligner_sms} SMs" if config.aligner_sms else "on every SM",
+    runner = AlignerRunner(aligner, use_graphs=config.use_cuda_graphs, use_fused_kernels=config.use_fused_kernels)
+    logger.info("forced aligner %s loaded on %s for word timestamps (%d graphs, fused kernels %s)%s", aligner.source,
+                model.device, len(runner.captured_buckets), "on" if runner.is_fused else "off",
                 " (RANDOM weights: the timings are noise)" if aligner.is_random else "")
     return runner
 

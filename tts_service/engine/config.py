@@ -35,10 +35,6 @@ class EngineConfig:
                                               "same device: a directory, a Hugging Face repo id (e.g. "
                                               "Qwen/Qwen3-ForcedAligner-0.6B) or random:tiny / random:0.6b; unset: "
                                               "none (a request asking for word timestamps gets FAILED_PRECONDITION)")
-    aligner_sms: int = setting(0, "streaming multiprocessors of the GPU that the forced aligner's work may use (a "
-                                  "CUDA green context), so that its kernels never hold more of the GPU than that "
-                                  "beside the frames; 0: it shares every SM, behind the frames' stream priority",
-                               check=at_least(0))
     model_download_timeout_s: float = setting(
         300.0, "how long a Hugging Face Hub download that fails for a reason that may pass (the Hub unreachable, "
                "overloaded or rate limiting) is retried with backoff before the server exits with status 1; the "

@@ -207,33 +207,13 @@ class _StaticBatch:
         self.ids[:, :bucket.num_tokens].copy_(self.host_ids[:, :bucket.num_tokens], non_blocking=True)
 
 
-class GreenContextError(RuntimeError):
-    """A share of the GPU's SMs that cannot be had here."""
-
-
-def green_stream(device: torch.device, num_sms: int) -> tuple[object, torch.cuda.Stream]:
-    """A stream whose kernels run on `num_sms` of the device's SMs only (a CUDA green context), and its context, which
-    must live as long as the stream."""
-    if device.type != "cuda":
-        raise GreenContextError(f"a share of SMs needs a CUDA device, not {device.type}")
-    total = torch.cuda.get_device_properties(device).multi_processor_count
-    if num_sms >= total:
-        raise GreenContextError(f"the GPU has {total} SMs; the aligner's share must leave some to the frames")
-    from torch.cuda import green_contexts
-    if not green_contexts.SUPPORTED or not hasattr(green_contexts.GreenContext, "Stream"):
-        raise GreenContextError(f"torch {torch.__version__} has no green-context streams")
-    context = green_contexts.GreenContext.create(num_sms=num_sms, device_id=device.index or 0)
-    return context, context.Stream()
-
-
 class AlignerRunner:
     """`ForcedAligner.align_many`, packed and (on a GPU, with graphs on) replayed from captured graphs on a stream
     of its own. Not thread-safe: one thread aligns at a time (the engine's aligner worker). With `use_fused_kernels`
     (the engine's flag), the aligner's text decoder is switched to the fused kernels where they run, before any graph
     is captured."""
 
-    def __init__(self, aligner: ForcedAligner, use_graphs: bool = True, use_fused_kernels: bool = True,
-                 max_sms: int = 0) -> None:
+    def __init__(self, aligner: ForcedAligner, use_graphs: bool = True, use_fused_kernels: bool = True) -> None:
         self.aligner = aligner
         self.source = aligner.source
         self.is_random = aligner.is_random
@@ -243,13 +223,7 @@ class AlignerRunner:
         if self.is_fused:
             layers.use_fused_kernels(aligner.model.thinker.model, True)
         # The default priority, below the engine's streams (runner.ENGINE_STREAM_PRIORITY): the frames go first.
-        # With `max_sms`, a stream of a green context holding that many SMs: the frames keep the rest to themselves.
-        self._green_context: object = None
-        self.stream: torch.cuda.Stream | None = None
-        if max_sms:
-            self._green_context, self.stream = green_stream(self.device, max_sms)
-        elif is_cuda:
-            self.stream = torch.cuda.Stream(self.device, priority=0)
+        self.stream = torch.cuda.Stream(self.device, priority=0) if is_cuda else None
         self._static = _StaticBatch(aligner.config.audio.num_mel_bins, self.device, aligner.dtype,
                                     aligner.tokens.padding)
         self._graphs: dict[Bucket, torch.cuda.CUDAGraph] = {}
