@@ -119,13 +119,20 @@ async def measure(rates: list[str], duration_s: float, rpc: str, size: str, serv
     await server.start()
     spec = CoreSpec(stood_in_model(size), "cpu", config.engine, config.log_level, config.log_format,
                     config.gil_switch_interval_ms / 1000, config.engine_stall_timeout_seconds)
-    door = await EngineProcess.start(spec, target=run_paced_core)
+    door: EngineProcess | None = None
+    try:
+        door = await EngineProcess.start(spec, target=run_paced_core)
+        await door.warm_up()
+    except BaseException:
+        if door is not None:  # the server stops only a core it has served with
+            await door.stop()
+        await server.shutdown()
+        raise
     assert door.pid is not None
     rows = []
     freeze_startup_objects()
     gc_watch = watch_pauses("server")
     try:
-        await door.warm_up()
         await server.serve(door, create_metrics(config, door.model_info))
         with tempfile.TemporaryDirectory() as scratch:
             for rate in rates:

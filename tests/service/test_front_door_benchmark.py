@@ -13,6 +13,7 @@ from benchmarks import front_door
 from benchmarks.front_door import main
 from benchmarks.paced_core import FRAME_STEP_MS, PacedEngine, step_seconds
 from scheduler.request import FinishReason
+from tts_service.engine import EngineProcess
 from tts_service.engine.model_info import ModelInfo
 from tts_service.engine.streams import RequestStream, SynthesisRequest
 from tts_service.model.checkpoint import LoadedModel
@@ -87,3 +88,24 @@ def test_the_benchmark_drives_the_real_server_and_reports_its_cpu_for_every_call
     assert row["num_calls"] >= 3 and row["num_completed"] == row["num_calls"] and row["errors_by_status"] == {}
     assert row["front_door_cpu_s"] > 0 and row["core_cpu_s"] > 0 and row["audio_s"] > 0
     assert row["gc"]["num_collections"] > 0 and row["num_requests_with_underruns"] == 0
+
+
+def test_a_core_whose_warm_up_fails_is_stopped_with_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(front_door, "configure_logging", lambda level, log_format: None)
+    started: list[EngineProcess] = []
+    start = EngineProcess.start
+
+    async def start_and_keep(*args: object, **kwargs: object) -> EngineProcess:
+        door = await start(*args, **kwargs)  # type: ignore[arg-type]
+        started.append(door)
+        return door
+
+    async def failing_warm_up(self: EngineProcess) -> bool:
+        raise RuntimeError("warm-up failed")
+
+    monkeypatch.setattr(EngineProcess, "start", start_and_keep)
+    monkeypatch.setattr(EngineProcess, "warm_up", failing_warm_up)
+    with pytest.raises(RuntimeError, match="warm-up failed"):
+        main(["--rates", "4", "--duration", "1", "--out", str(tmp_path / "front-door.json")])
+    (door,) = started
+    assert not door.is_alive
