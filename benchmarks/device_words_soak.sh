@@ -6,10 +6,12 @@
 # whose calls failed or whose log names a CUDA error, a stall or a traceback, also its log's error lines, the raw
 # lines (a stalled core writes its threads' stacks there before it is killed) and, where CUDA wrote a core dump on
 # the fault, the kernel cuda-gdb finds in it.
-#     bash benchmarks/device_words_soak.sh 40 40 420
+# Further arguments are server flags, e.g. the green-context probe's (5a88a35, reverted), which brought the fault within
+# 30 s: run from a tree of that commit with `... 20 40 420 --aligner-sms 16`.
+#     bash benchmarks/device_words_soak.sh 40 40 420 [SERVER_FLAG ...]
 set -u
 source benchmarks/device_server.sh > /dev/null
-rate=${1:-40}; seconds=${2:-40}; until_s=${3:-420}
+rate=${1:-40}; seconds=${2:-40}; until_s=${3:-420}; server_flags=("${@:4}")
 # A light dump (no memory images): written in seconds, where a whole one was cut short when the process aborted.
 export CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 CUDA_ENABLE_LIGHTWEIGHT_COREDUMP=1 CUDA_ENABLE_CPU_COREDUMP_ON_EXCEPTION=0
 export CUDA_COREDUMP_GENERATION_FLAGS="skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,skip_local_memory,skip_constbank_memory"
@@ -21,7 +23,8 @@ soak() {
   while (( SECONDS < until_s )); do
     cycle=$((cycle + 1))
     local out=/tmp/soak-$gpu-$cycle
-    start_server "$out" random:1.7b-custom_voice "$port" --aligner-model random:0.6b --max-calls-per-caller 100000
+    start_server "$out" random:1.7b-custom_voice "$port" --aligner-model random:0.6b --max-calls-per-caller 100000 \
+        "${server_flags[@]}"
     python3 -m clients.loadgen --server "127.0.0.1:$port" --rate "$rate" --duration "$seconds" --rpc mixed \
         --seed "$((cycle * 10 + gpu))" --word-timestamps --out "$out/lg.json.gz" | tail -1 | sed "s/^/server $cycle: /" >> "$report"
     stop_server
