@@ -176,6 +176,46 @@ def test_a_window_that_never_commits_is_cut_at_its_longest_and_its_first_sentenc
     assert words and [word.word for word in words[:4]] == ["Sentence", "0", "runs", "on"]
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_whether_a_window_is_worth_aligning_is_what_scanning_the_open_text_again_would_say(seed: int) -> None:
+    """The tracker scans its open text for the first sentence only when the text has changed (see
+    `_is_worth_aligning`): at every chunk, text arriving in fragments, sentences committed, short and long texts, its
+    answer is the one a fresh scan gives."""
+    rng = np.random.default_rng(seed)
+    sentences = ["Hi.", "Sure, that works for me.", "No!", "Well… maybe later?", "你好。", "我们明天见！",
+                 " ".join(["A long sentence that runs on and on"] * 40) + "."]
+    text = " ".join(str(rng.choice(sentences)) for _ in range(int(rng.integers(1, 60))))
+    cuts = sorted(int(cut) for cut in rng.integers(0, len(text), size=int(rng.integers(0, 8))))
+    fragments = [text[start:end] for start, end in itertools.pairwise([0, *cuts, len(text)])]
+    aligner = PacedAligner(seconds_per_word=float(rng.uniform(0.05, 0.6)))
+    answers = set()
+
+    async def slow_align(item: AlignmentItem) -> list[WordTiming]:  # in flight over a few chunks, as on a server
+        for _ in range(int(rng.integers(0, 30))):
+            await asyncio.sleep(0)
+        return await aligner.align(item)
+
+    async def scenario() -> None:
+        tracker = WordTracker(slow_align, RATE, None)
+        pending = list(fragments)
+        for _ in range(600):  # 60 s
+            if pending and rng.random() < 0.1:
+                tracker.add_text(pending.pop(0))
+                if not pending and rng.random() < 0.5:
+                    tracker.close_text()
+            tracker.add_audio(np.zeros(round(0.1 * RATE), dtype=np.float32))
+            tracker.take_words()
+            await asyncio.sleep(0)
+            window = tracker._num_samples - tracker._window_start
+            scanned = tracker._worth_aligning_from(window)
+            expected = window >= tracker._next_attempt_samples and scanned is not None and window >= scanned
+            assert tracker._is_worth_aligning() == expected
+            answers.add(expected)
+
+    run(scenario())
+    assert answers == {False, True} and len(aligner.windows) > 0
+
+
 # -- the service, with the random tiny aligner --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

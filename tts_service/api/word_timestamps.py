@@ -122,6 +122,9 @@ class WordTracker:
         self._committed_chars = 0  # the text before this has its words committed
         self._window_start = 0  # the sample where the uncommitted words' audio starts
         self._next_attempt_samples = 0  # the window's length before it is worth aligning again
+        # `_worth_aligning_from`'s answer, while the open text it was found for stands (see `_is_worth_aligning`).
+        self._worth_for: tuple[int, int, bool] | None = None
+        self._worth_from_samples: float | None = None
         self._aligning: asyncio.Task[None] | None = None
 
     def take_words(self) -> tuple[TimedWord, ...]:
@@ -157,13 +160,24 @@ class WordTracker:
             await asyncio.gather(self._aligning, return_exceptions=True)
 
     def _is_worth_aligning(self) -> bool:
-        """Whether the window could hold the first spoken sentence that is not yet committed."""
+        """Whether the window could hold the first spoken sentence that is not yet committed. Asked at every chunk
+        of audio, it scans the open text only when that has changed, or while no sentence has been found in it: a
+        longer window's open text only extends a shorter one's, so once a first sentence is found, it stays the
+        same sentence (and the same window it needs) until text comes or words are committed."""
         window = self._num_samples - self._window_start
         if window < self._next_attempt_samples:
             return False
+        state = (len(self.text), self._committed_chars, self._is_text_closed)
+        if state != self._worth_for or self._worth_from_samples is None:
+            self._worth_for, self._worth_from_samples = state, self._worth_aligning_from(window)
+        return self._worth_from_samples is not None and window >= self._worth_from_samples
+
+    def _worth_aligning_from(self, window: int) -> float | None:
+        """The window (samples) that could hold the first sentence of the open text as a window of `window` samples
+        sees it, that more text follows; None: no such sentence."""
         text = self._open_text(window / self._sample_rate)
         end = _first_sentence_end_before_more(text)
-        return end > 0 and window >= (_fastest_speech_s(text[:end]) + _MARGIN_S) * self._sample_rate
+        return (_fastest_speech_s(text[:end]) + _MARGIN_S) * self._sample_rate if end > 0 else None
 
     def _open_text(self, window_s: float) -> str:
         """The text not yet committed, as far as a window of `window_s` can have said it (see the module's
