@@ -207,7 +207,7 @@ def test_whether_a_window_is_worth_aligning_is_what_scanning_the_open_text_again
             tracker.take_words()
             await asyncio.sleep(0)
             window = tracker._num_samples - tracker._window_start
-            scanned = tracker._worth_aligning_from(window)
+            scanned, _ = tracker._worth_aligning_from(window)
             expected = window >= tracker._next_attempt_samples and scanned is not None and window >= scanned
             assert tracker._is_worth_aligning() == expected
             answers.add(expected)

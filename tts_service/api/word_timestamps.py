@@ -161,37 +161,47 @@ class WordTracker:
 
     def _is_worth_aligning(self) -> bool:
         """Whether the window could hold the first spoken sentence that is not yet committed. Asked at every chunk
-        of audio, it scans the open text only when that has changed, or while no sentence has been found in it: a
-        longer window's open text only extends a shorter one's, so once a first sentence is found, it stays the
-        same sentence (and the same window it needs) until text comes or words are committed."""
+        of audio, it scans the open text again only when the answer could have changed: a longer window's open text
+        only extends a shorter one's, so a first sentence once found stays the same sentence (needing the same
+        window), and one not found in the whole of the open text stays unfound, until text comes or words are
+        committed."""
         window = self._num_samples - self._window_start
         if window < self._next_attempt_samples:
             return False
         state = (len(self.text), self._committed_chars, self._is_text_closed)
-        if state != self._worth_for or self._worth_from_samples is None:
-            self._worth_for, self._worth_from_samples = state, self._worth_aligning_from(window)
+        if state != self._worth_for:
+            needed, is_settled = self._worth_aligning_from(window)
+            self._worth_for, self._worth_from_samples = (state if is_settled else None), needed
         return self._worth_from_samples is not None and window >= self._worth_from_samples
 
-    def _worth_aligning_from(self, window: int) -> float | None:
-        """The window (samples) that could hold the first sentence of the open text as a window of `window` samples
-        sees it, that more text follows; None: no such sentence."""
-        text = self._open_text(window / self._sample_rate)
+    def _worth_aligning_from(self, window: int) -> tuple[float | None, bool]:
+        """The window (samples) that could hold the first sentence of the open text, as a window of `window`
+        samples sees it, that more text follows (None: no such sentence); and whether a longer window would find
+        the same (False only where this one's open text was cut short of the text known)."""
+        text, is_cut = self._open_text_and_cut(window / self._sample_rate)
         end = _first_sentence_end_before_more(text)
-        return (_fastest_speech_s(text[:end]) + _MARGIN_S) * self._sample_rate if end > 0 else None
+        if end == 0:
+            return None, not is_cut
+        return (_fastest_speech_s(text[:end]) + _MARGIN_S) * self._sample_rate, True
 
     def _open_text(self, window_s: float) -> str:
+        return self._open_text_and_cut(window_s)[0]
+
+    def _open_text_and_cut(self, window_s: float) -> tuple[str, bool]:
         """The text not yet committed, as far as a window of `window_s` can have said it (see the module's
-        docstring), up to its last complete word (all of it once the text is closed and within the bound)."""
+        docstring), up to its last complete word (all of it once the text is closed and within the bound); and
+        whether that bound cut it short of the text known."""
         start = self._committed_chars
         # Fast speech says fewer than this many characters a second, spaces and punctuation included.
         max_chars = math.ceil((window_s + _LOOKAHEAD_S) * _FAST_LATIN_CHARS_PER_S * 2)
         text = self.text[start:start + max_chars + _MAX_SENTENCE_SEARCH_CHARS]
         end = _sentence_end_past(text, window_s + _LOOKAHEAD_S)
         if end is not None:
-            return text[:end]
-        if self._is_text_closed and start + len(text) == len(self.text):
-            return text
-        return text[:_last_word_break(text)]
+            return text[:end], True
+        is_cut = start + len(text) < len(self.text)
+        if self._is_text_closed and not is_cut:
+            return text, False
+        return text[:_last_word_break(text)], is_cut
 
     async def _align_window(self, is_final: bool) -> None:
         try:
