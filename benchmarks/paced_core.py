@@ -229,6 +229,6 @@ class PacedEngine:
                                              timeline))
 
 
-def run_paced_core(spec: CoreSpec, channel: socket.socket) -> None:
+def run_paced_core(spec: CoreSpec, channels: list[socket.socket]) -> None:
     """The engine core's process with the stand-in engine (`EngineProcess.start`'s target)."""
-    run_core(spec, channel, PacedEngine.for_core)
+    run_core(spec, channels, PacedEngine.for_core)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tts_service.engine.config import EngineConfig
-from tts_service.engine.core_process import CoreBridge, Outbox
+from tts_service.engine.core_process import CoreBridge, Outbox, StreamRouter
 from tts_service.engine.door import CALLS, NOTICES, EngineCalls, EngineDoor, EngineNotices
 from tts_service.engine.engine import Engine, EngineOccupancy
 from tts_service.engine.engine_process import EngineProcess
@@ -73,7 +73,8 @@ def bridge_over(model: LoadedModel, change: Callable[[Engine], None] = lambda en
         try:
             engine = Engine.create(model, CONFIG)
             change(engine)
-            return CoreBridge(engine, Outbox(writer))
+            outbox = Outbox(writer)
+            return CoreBridge(engine, outbox, StreamRouter([outbox]))
         finally:
             writer.close()
             core_writer.close()

@@ -307,7 +307,7 @@ def test_a_stopped_core_holding_work_is_killed_and_its_streams_and_calls_end_wit
     assert reason == f"the engine core made no progress for {SHORT_STALL_TIMEOUT_S:g} s"
 
 
-def run_core_whose_marked_step_never_ends(spec: CoreSpec, channel: socket.socket) -> None:
+def run_core_whose_marked_step_never_ends(spec: CoreSpec, channels: list[socket.socket]) -> None:
     """The core's entry point, with a runner that never returns from the step that prefills the marked request;
     its event loop goes on (it answers calls and beats)."""
     original = engine_module.run_step
@@ -319,7 +319,7 @@ def run_core_whose_marked_step_never_ends(spec: CoreSpec, channel: socket.socket
         return original(runner, work, hand_out_previous)
 
     engine_module.run_step = stuck_on_the_marked_request
-    run_core(spec, channel)
+    run_core(spec, channels)
 
 
 def test_a_core_whose_step_never_ends_is_killed_though_its_event_loop_still_answers_and_says_where_it_was_stuck(
@@ -399,6 +399,68 @@ def test_stop_ends_the_core_and_its_live_requests_with_an_error(tiny_checkpoints
         assert not engine.is_running and not engine.is_alive
 
     asyncio.run(stop_while_playing())
+
+
+def test_a_core_serves_a_front_door_beside_its_owner_whose_going_ends_only_its_own_requests(
+        tiny_checkpoints: dict[str, Path]) -> None:
+    """Two front doors on one core: each gets the audio of its own requests as a door alone does, and step
+    observations go to the owner only; the door beside it leaving ends its requests there and nothing else, and
+    the owner's stop ends the core for both."""
+    async def two_doors() -> None:
+        owner = await EngineProcess.start(spec_for(tiny_checkpoints["custom_voice"]), num_further_doors=1)
+        (channel,) = owner.further_channels
+        beside = await EngineProcess.attach(channel, STALL_TIMEOUT_S)
+        owner_steps: list[object] = []
+        beside_steps: list[object] = []
+        owner.add_step_observer(owner_steps.append)
+        beside.add_step_observer(beside_steps.append)
+        try:
+            alone = await synthesize(owner, speaker_request("alone"))
+            (owner_audio, owner_summary), (beside_audio, beside_summary) = await asyncio.gather(
+                synthesize(owner, speaker_request("a")), synthesize(beside, speaker_request("b")))
+            for audio, summary in ((owner_audio, owner_summary), (beside_audio, beside_summary)):
+                np.testing.assert_array_equal(summary.codes, alone[1].codes)
+                np.testing.assert_allclose(audio, alone[0], rtol=0, atol=1e-5)
+            assert (owner_summary.request_id, beside_summary.request_id) == ("a", "b")
+            assert owner_steps and not beside_steps
+
+            kept = await owner.submit(SynthesisRequest("kept", SynthesisInput(TEXT, "english", "ryan"), LONG))
+            left = await beside.submit(SynthesisRequest("left", SynthesisInput(TEXT, "english", "ryan"), LONG))
+            await anext(kept)
+            await anext(left)
+            await asyncio.wait_for(beside.stop(), 30)
+            with pytest.raises(RequestFailed):
+                async for _ in left:
+                    pass
+            assert not beside.is_running and owner.is_running and owner.num_live_requests == 1
+            assert (await anext(kept)).num_frames > 0  # the owner's request plays on
+            owner.abort("kept")
+            async for _ in kept:
+                pass
+            assert kept.summary is not None and kept.summary.finish_reason is FinishReason.ABORTED
+            assert owner.occupancy().num_running == 0  # the door that left has nothing left in the engine
+        finally:
+            await asyncio.wait_for(owner.stop(), 30)
+        assert not owner.is_alive
+
+    asyncio.run(two_doors())
+
+
+def test_a_front_door_beside_the_owner_loses_its_streams_when_the_owner_stops_the_core(
+        tiny_checkpoints: dict[str, Path]) -> None:
+    async def owner_stops() -> None:
+        owner = await EngineProcess.start(spec_for(tiny_checkpoints["custom_voice"]), num_further_doors=1)
+        beside = await EngineProcess.attach(owner.further_channels[0], STALL_TIMEOUT_S)
+        stream = await beside.submit(SynthesisRequest("cut", SynthesisInput(TEXT, "english", "ryan"), LONG))
+        await anext(stream)
+        await asyncio.wait_for(owner.stop(), 30)
+        with pytest.raises(RequestFailed):
+            async for _ in stream:
+                pass
+        await asyncio.wait_for(beside.wait_exited(), 10)
+        assert not beside.is_running and not beside.is_alive and beside.pid is None
+
+    asyncio.run(owner_stops())
 
 
 def test_a_model_that_cannot_load_raises_its_own_error_in_the_servers_process(tmp_path: Path) -> None:

@@ -9,6 +9,10 @@ crosses between them is in wire.py, and which of the engine's operations cross, 
 The core ends when the server says Stop, or when its socket closes because the server's process has gone. It
 beats (an empty Batch) a few times within the server's stall timeout, so that the server can tell a core that
 is silent because it has stopped from one with nothing to say.
+
+A core may serve several front doors, one socket each (`EngineProcess.start(..., num_further_doors=N)`), so that
+more than one process can carry a GPU's calls. The first is the core's owner: its Stop or its going ends the core,
+and the engine's step observations go to it alone. Another's going ends only its own requests.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,7 +36,7 @@ from observability.gc_pauses import freeze_startup_objects, thaw_startup_objects
 from observability.logs import configure_logging
 from observability.metrics import StepObservation
 from tts_service.engine.config import EngineConfig
-from tts_service.engine.door import CALLS, NOTICES, EngineCalls, bound_operations
+from tts_service.engine.door import CALLS, NOTICES, EngineCalls, EngineNotices, bound_operations
 from tts_service.engine.engine import Engine
 from tts_service.engine.streams import AudioChunk, RequestStream, SynthesisRequest, SynthesisSummary
 from tts_service.engine.voice_files import RegisteredVoice
@@ -83,10 +87,11 @@ def load_engine(spec: CoreSpec, new_stream: NewStream) -> Engine:
     return Engine.load(spec.model, spec.device, spec.engine, new_stream=new_stream)
 
 
-def run_core(spec: CoreSpec, channel: socket.socket, load: Callable[[CoreSpec, NewStream], Engine] = load_engine
-             ) -> None:
-    """The process's entry point (spawned, so that CUDA starts fresh in it). `load` makes the engine it serves
-    (the front door's benchmark serves a stand-in that paces frames without a model: benchmarks/paced_core.py)."""
+def run_core(spec: CoreSpec, channels: Sequence[socket.socket],
+             load: Callable[[CoreSpec, NewStream], Engine] = load_engine) -> None:
+    """The process's entry point (spawned, so that CUDA starts fresh in it), serving a front door on each of
+    `channels`, its owner's first. `load` makes the engine it serves (the front door's benchmark serves a stand-in
+    that paces frames without a model: benchmarks/paced_core.py)."""
     configure_logging(spec.log_level, spec.log_format)
     sys.setswitchinterval(spec.gil_switch_interval_s)
     # A terminal's Ctrl-C, or a SIGTERM sent to the whole process group, would cut the streams the server is
@@ -97,7 +102,7 @@ def run_core(spec: CoreSpec, channel: socket.socket, load: Callable[[CoreSpec, N
     # stall: a stuck step then names the call it is stuck in. faulthandler writes it without the GIL, which a stuck
     # thread may hold.
     faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
-    asyncio.run(_serve(spec, channel, load))
+    asyncio.run(_serve(spec, channels, load))
 
 
 class ForwardingStream(RequestStream):
@@ -110,6 +115,36 @@ class ForwardingStream(RequestStream):
 
     def _put(self, item: AudioChunk | SynthesisSummary | Exception) -> None:
         self._forward(StreamItem(self.request_id, portable(item) if isinstance(item, BaseException) else item))
+
+
+class StreamRouter:
+    """Sends each request's stream items to the front door that submitted it, and knows which requests each door
+    still has in the engine. Front doors name requests with random UUIDs, so ids never meet across doors (and the
+    engine refuses one already in use, from whichever door)."""
+
+    def __init__(self, outboxes: Sequence[Outbox]) -> None:
+        self._outboxes = outboxes
+        self._door_of: dict[str, int] = {}
+
+    def new_stream(self, request_id: str) -> RequestStream:
+        return ForwardingStream(request_id, self._forward)
+
+    def admit(self, door: int, request_id: str) -> None:
+        self._door_of.setdefault(request_id, door)
+
+    def release(self, door: int, request_id: str) -> None:
+        """A request the engine refused: it never had a stream."""
+        if self._door_of.get(request_id) == door:
+            del self._door_of[request_id]
+
+    def live_request_ids(self, door: int) -> list[str]:
+        return [request_id for request_id, owner in self._door_of.items() if owner == door]
+
+    def _forward(self, item: StreamItem) -> None:
+        door = self._door_of.get(item.request_id, 0)
+        if not isinstance(item.item, AudioChunk):
+            self._door_of.pop(item.request_id, None)
+        self._outboxes[door].item(item)
 
 
 class Outbox:
@@ -198,9 +233,11 @@ class CoreBridge:
     It dispatches exactly the operations door.py declares, bound to the engine here: an engine that lacks one,
     or has it of the wrong kind, fails the bridge's construction, which comes before the core says it is ready."""
 
-    def __init__(self, engine: Engine, outbox: Outbox) -> None:
+    def __init__(self, engine: Engine, outbox: Outbox, router: StreamRouter, door: int = 0) -> None:
         self.engine = engine
         self.outbox = outbox
+        self._router = router
+        self._door = door
         self._calls = bound_operations(engine, CALLS, awaited=True) | {_SUBMIT: self._submit}
         self._notices = bound_operations(engine, NOTICES, awaited=False)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -217,8 +254,10 @@ class CoreBridge:
                 self._apply(message)
             return
         if message.method == _SUBMIT:
-            # The server's process never reuses the id of a request it still has (it refuses that itself).
-            self._held_notices[message.args[0].request_id] = []
+            # A front door never reuses the id of a request it still has (it refuses that itself).
+            request_id = message.args[0].request_id
+            self._router.admit(self._door, request_id)
+            self._held_notices[request_id] = []
         task = asyncio.get_running_loop().create_task(self._answer(message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -228,6 +267,11 @@ class CoreBridge:
             self._notices[notice.method](*notice.args)
         except Exception:  # a notice has nobody waiting for it: the request's stream carries what follows
             logger.exception("the engine refused %s for %r", notice.method, notice.args[:1])
+
+    def abort_all(self) -> None:
+        """The front door has gone: its requests end (nobody reads them)."""
+        for request_id in self._router.live_request_ids(self._door):
+            self._apply(Notice(EngineNotices.abort.__name__, (request_id,)))
 
     async def _answer(self, call: Call) -> None:
         try:
@@ -242,50 +286,82 @@ class CoreBridge:
         refused: its stream has ended)."""
         try:
             await self.engine.submit(_request_from_wire(request))
+        except BaseException:
+            self._router.release(self._door, request.request_id)
+            raise
         finally:
             held = self._held_notices.pop(request.request_id, [])
         for notice in held:
             self._apply(notice)
 
 
-async def _serve(spec: CoreSpec, channel: socket.socket, load: Callable[[CoreSpec, NewStream], Engine]) -> None:
-    reader, writer = await asyncio.open_unix_connection(sock=channel)
-    outbox = Outbox(writer)
+async def _serve(spec: CoreSpec, channels: Sequence[socket.socket],
+                 load: Callable[[CoreSpec, NewStream], Engine]) -> None:
+    connections = [await asyncio.open_unix_connection(sock=channel) for channel in channels]
+    writers = [writer for _, writer in connections]
+    outboxes = [Outbox(writer) for writer in writers]
+    router = StreamRouter(outboxes)
     try:
-        engine = await asyncio.to_thread(load, spec, lambda request_id: ForwardingStream(request_id, outbox.item))
+        engine = await asyncio.to_thread(load, spec, router.new_stream)
     except Exception as error:  # the server's process logs why and exits
-        send(writer, LoadFailed(portable(error)))
-        await writer.drain()
-        writer.close()
+        for writer in writers:
+            send(writer, LoadFailed(portable(error)))
+        await _close_all(writers)
         return
-    outbox.engine = engine
-    engine.add_step_observer(outbox.step)
-    bridge = CoreBridge(engine, outbox)
+    for outbox in outboxes:
+        outbox.engine = engine
+    engine.add_step_observer(outboxes[0].step)  # the owner's metrics count the engine's steps, once
+    bridges = [CoreBridge(engine, outbox, router, door) for door, outbox in enumerate(outboxes)]
     logger.info("the engine core froze %d start-up objects out of the garbage collector's walks",
                 freeze_startup_objects())
     gc_watch = watch_pauses("engine core")
     engine.start()
-    send(writer, Ready(engine.model_info, engine.captured_graph_batch_sizes(), engine.max_unread_frames,
-                       engine.occupancy()))
-    beating = asyncio.ensure_future(outbox.beat_every(spec.stall_timeout_s / _BEATS_PER_STALL_TIMEOUT))
-    receiving = asyncio.ensure_future(_receive_until_stop(reader, bridge))
+    for writer in writers:
+        send(writer, Ready(engine.model_info, engine.captured_graph_batch_sizes(), engine.max_unread_frames,
+                           engine.occupancy()))
+    beat_s = spec.stall_timeout_s / _BEATS_PER_STALL_TIMEOUT
+    beating = [asyncio.ensure_future(outbox.beat_every(beat_s)) for outbox in outboxes]
+    (owner_reader, _), *further = connections
+    receiving = asyncio.ensure_future(_receive_until_stop(owner_reader, bridges[0]))
+    further_receiving = [asyncio.ensure_future(_receive_from_further_door(reader, bridge))
+                         for (reader, _), bridge in zip(further, bridges[1:], strict=True)]
     stepping = asyncio.ensure_future(engine.join())
     try:
         await asyncio.wait((receiving, stepping), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        beating.cancel()
-        receiving.cancel()
+        for task in (*beating, receiving, *further_receiving):
+            task.cancel()
         with contextlib.suppress(Exception):  # a loop that failed has logged why; its requests end below all the same
             await engine.stop()  # what is still live ends with an error, which goes out in the last batch
-        with contextlib.suppress(ConnectionError):  # the server's process may be gone: nobody to tell
-            outbox.flush()
-            await writer.drain()
-            writer.close()
-            await writer.wait_closed()
+        for outbox in outboxes:
+            with contextlib.suppress(ConnectionError):  # a front door may be gone: nobody to tell
+                outbox.flush()
+        await _close_all(writers)
         gc.callbacks.remove(gc_watch)
         thaw_startup_objects()
     if stepping.done() and stepping.exception() is not None:  # the loop failed: the server sees the core exit
         raise SystemExit(1)
+
+
+async def _close_all(writers: Sequence[asyncio.StreamWriter]) -> None:
+    for writer in writers:
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+
+async def _receive_from_further_door(reader: asyncio.StreamReader, bridge: CoreBridge) -> None:
+    """A front door beside the owner: what it sends, until it goes (or says Stop, its way of going), which ends its
+    requests and nothing else."""
+    try:
+        while not isinstance(message := await receive(reader), Stop):
+            assert isinstance(message, Call | Notice)
+            bridge.handle(message)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    logger.info("a front door beside the core's owner has gone: its requests end")
+    bridge.abort_all()
 
 
 async def _receive_until_stop(reader: asyncio.StreamReader, bridge: CoreBridge) -> None:

@@ -116,11 +116,13 @@ class _Pending:
 class EngineProcess(StepObservers):
     """The engine core in its own process, behind the engine's door."""
 
-    def __init__(self, process: multiprocessing.process.BaseProcess, reader: asyncio.StreamReader,
+    def __init__(self, process: multiprocessing.process.BaseProcess | None, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter, ready: Ready, stall_timeout_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(clock)
-        self._process = process
+        self._process = process  # None: a front door beside the core's owner (`attach`)
+        # Sockets for further front doors of the same core, each to be attached once (`start`'s num_further_doors).
+        self.further_channels: list[socket.socket] = []
         self._writer = writer
         self.model_info: ModelInfo = ready.model_info
         self.max_unread_frames = ready.max_unread_frames
@@ -138,23 +140,28 @@ class EngineProcess(StepObservers):
         self._receiving = self._loop.create_task(self._receive(reader), name="tts-engine-core")
 
     @classmethod
-    async def start(cls, spec: CoreSpec, target: Callable[[CoreSpec, socket.socket], None] | None = None
-                    ) -> EngineProcess:
+    async def start(cls, spec: CoreSpec, target: Callable[[CoreSpec, list[socket.socket]], None] | None = None,
+                    num_further_doors: int = 0) -> EngineProcess:
         """Start the core's process (`target`: its entry point, a module-level function; `run_core` unless given) and
         wait until its engine runs. Raises what loading raised there (a CheckpointError, say), or EngineCoreExited
-        when the process died before it could say."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        when the process died before it could say. With `num_further_doors`, the core also serves that many front
+        doors beside this one, each attached (`attach`) to one of `further_channels`."""
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(1 + num_further_doors)]
+        ours = [end for end, _ in pairs]
+        theirs = [end for _, end in pairs]
         # Spawned, not forked: CUDA cannot start in a child forked from a process that may have touched it.
         process = multiprocessing.get_context("spawn").Process(
             target=target or run_core, args=(spec, theirs), name="tts-engine-core")
         try:
             process.start()
         except BaseException:
-            ours.close()
+            for end in ours:
+                end.close()
             raise
         finally:
-            theirs.close()  # the core holds the only other end, so its exit closes our socket
-        reader, writer = await asyncio.open_unix_connection(sock=ours)
+            for end in theirs:
+                end.close()  # the core holds the only other ends, so its exit closes ours
+        reader, writer = await asyncio.open_unix_connection(sock=ours[0])
         try:
             first = await receive(reader)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -164,12 +171,32 @@ class EngineProcess(StepObservers):
             raise
         if isinstance(first, Ready):
             logger.info("the engine core runs in process %d", process.pid)
-            return cls(process, reader, writer, first, spec.stall_timeout_s)
+            door = cls(process, reader, writer, first, spec.stall_timeout_s)
+            door.further_channels = ours[1:]
+            return door
         writer.close()
+        for end in ours[1:]:
+            end.close()
         await asyncio.to_thread(process.join, _EXIT_GRACE_S)
         if isinstance(first, LoadFailed):
             raise first.error
         raise EngineCoreExited(f"the engine core's process exited with status {process.exitcode} while loading")
+
+    @classmethod
+    async def attach(cls, channel: socket.socket, stall_timeout_s: float) -> EngineProcess:
+        """A front door beside the core's owner, on one of the owner's `further_channels` (handed to this process):
+        the same door, except that it neither stops the core nor kills it. Its going ends its own requests in the
+        core; the core's going ends them here as for the owner. Raises EngineCoreExited if the core went before it
+        said it runs."""
+        reader, writer = await asyncio.open_unix_connection(sock=channel)
+        try:
+            first = await receive(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            first = None
+        if not isinstance(first, Ready):
+            writer.close()
+            raise EngineCoreExited("the engine core went before it could serve this front door")
+        return cls(None, reader, writer, first, stall_timeout_s)
 
     # -- what the server reads ------------------------------------------------------------------
 
@@ -183,12 +210,13 @@ class EngineProcess(StepObservers):
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid
+        return None if self._process is None else self._process.pid
 
     @property
     def is_alive(self) -> bool:
-        """Whether the core's process still runs (it may be ending)."""
-        return self._process.is_alive()
+        """Whether the core's process still runs (it may be ending); beside the owner, whether it still serves this
+        front door."""
+        return not self._exited.is_set() if self._process is None else self._process.is_alive()
 
     @property
     def num_live_requests(self) -> int:
@@ -289,13 +317,18 @@ class EngineProcess(StepObservers):
         return await self._call(EngineCalls.align_words, item)
 
     async def stop(self) -> None:
-        """Stop the core (its live requests end with an error: drain first) and wait for its process."""
+        """Stop the core (its live requests end with an error: drain first) and wait for its process. Beside the
+        owner: leave the core, which ends this front door's requests there, and the streams here."""
         if not self._exited.is_set() and not self._is_stopping:
             self._is_stopping = True
             self._watch.stop()  # the core's own way out has a limit of its own, below
             with contextlib.suppress(ConnectionError):
                 send(self._writer, Stop())
                 await self._writer.drain()
+        if self._process is None:
+            self._writer.close()
+            await self._receiving
+            return
         await asyncio.to_thread(self._process.join, _EXIT_GRACE_S)
         if self._process.is_alive():
             logger.error("the engine core did not exit %g s after stop: killing it", _EXIT_GRACE_S)
@@ -398,10 +431,11 @@ class EngineProcess(StepObservers):
         logger.error("the engine core (process %s) made no progress for %g s (--engine-stall-timeout-seconds) "
                      "while it held %d live request(s) and %d call(s): killing it once it has written where its "
                      "threads are", self.pid, bound_s, len(self._streams), len(self._replies))
-        if self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, STACKS_SIGNAL)
-        asyncio.get_running_loop().call_later(_STACKS_GRACE_S, self._process.kill)
+        if self._process is not None:  # beside the owner, the owner's own watch ends the core
+            if self.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, STACKS_SIGNAL)
+            asyncio.get_running_loop().call_later(_STACKS_GRACE_S, self._process.kill)
         self._fail_everything(f"the engine core made no progress for {bound_s:g} s")
 
     def _fail_everything(self, reason: str) -> None:
