@@ -61,10 +61,12 @@ def resolve_devices(device: str) -> list[str]:
 
 
 def load_engine(config: ServerConfig) -> Engine:
-    """Exactly the configured model in an engine, not started."""
+    """Exactly the configured model in an engine, not started (on `cuda:N`, with only that GPU visible to this
+    process, as an engine core has it: see `only_device_visible`)."""
     from tts_service.engine import Engine
+    from tts_service.engine.core_process import only_device_visible
 
-    return Engine.load(config.model, resolve_device(config.device), config.engine)
+    return Engine.load(config.model, only_device_visible(resolve_device(config.device)), config.engine)
 
 
 async def start_engine(config: ServerConfig) -> Engine | EngineProcess | EngineCores:

@@ -22,6 +22,7 @@ import contextlib
 import faulthandler
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
@@ -93,6 +94,11 @@ def run_core(spec: CoreSpec, channels: Sequence[socket.socket],
     `channels`, its owner's first. `load` makes the engine it serves (the front door's benchmark serves a stand-in
     that paces frames without a model: benchmarks/paced_core.py)."""
     configure_logging(spec.log_level, spec.log_format)
+    device = only_device_visible(spec.device)
+    if device != spec.device:
+        logger.info("the engine core on %s sees only that GPU (CUDA_VISIBLE_DEVICES=%s), as %s", spec.device,
+                    os.environ["CUDA_VISIBLE_DEVICES"], device)
+        spec = replace(spec, device=device)
     sys.setswitchinterval(spec.gil_switch_interval_s)
     # A terminal's Ctrl-C, or a SIGTERM sent to the whole process group, would cut the streams the server is
     # draining: the server's process alone decides when the core stops (and kills it if it does not).
@@ -103,6 +109,24 @@ def run_core(spec: CoreSpec, channels: Sequence[socket.socket],
     # thread may hold.
     faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
     asyncio.run(_serve(spec, channels, load))
+
+
+def only_device_visible(device: str) -> str:
+    """The core's device as the core's process will name it, once only that GPU is visible to the process: `cuda:N`
+    becomes `cuda:0` with CUDA_VISIBLE_DEVICES narrowed to the N-th of those the server saw. CUDA starts every thread
+    on device 0, and an event recorded or a kernel launched without naming a device goes to the thread's device: a
+    core on another GPU would wait on events that stand for nothing there (the engine's copies of frames to the host,
+    the uploads of prompt ids) and read buffers not yet written. With one GPU visible, device 0 is the core's in
+    every thread (the engine's, the aligner's, asyncio's workers). Called before CUDA starts in the process."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or not index:
+        return device
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [entry.strip() for entry in visible.split(",")] if visible else None
+    if ids is not None and int(index) >= len(ids):
+        raise ValueError(f"device {device}: CUDA_VISIBLE_DEVICES={visible} makes only {len(ids)} GPU(s) visible")
+    os.environ["CUDA_VISIBLE_DEVICES"] = index if ids is None else ids[int(index)]
+    return "cuda:0"
 
 
 class ForwardingStream(RequestStream):
