@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from tts_service.engine.core_process import only_device_visible
 
@@ -33,3 +34,10 @@ def test_a_gpu_past_those_visible_is_an_error_naming_both(monkeypatch: pytest.Mo
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     with pytest.raises(ValueError, match=r"cuda:1.*CUDA_VISIBLE_DEVICES=0"):
         only_device_visible("cuda:1")
+
+
+def test_once_cuda_has_started_the_device_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert only_device_visible("cuda:1") == "cuda:1"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5"

@@ -117,9 +117,10 @@ def only_device_visible(device: str) -> str:
     on device 0, and an event recorded or a kernel launched without naming a device goes to the thread's device: a
     core on another GPU would wait on events that stand for nothing there (the engine's copies of frames to the host,
     the uploads of prompt ids) and read buffers not yet written. With one GPU visible, device 0 is the core's in
-    every thread (the engine's, the aligner's, asyncio's workers). Called before CUDA starts in the process."""
+    every thread (the engine's, the aligner's, asyncio's workers). Once CUDA has started in the process the GPUs it
+    sees are fixed, and the device is left as it is."""
     kind, _, index = device.partition(":")
-    if kind != "cuda" or not index:
+    if kind != "cuda" or not index or torch.cuda.is_initialized():
         return device
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [entry.strip() for entry in visible.split(",")] if visible else None
