@@ -37,6 +37,7 @@ from tts_service.engine import (
     GenerationParams,
     PromptError,
     RequestFailed,
+    RequestStream,
     SamplingParams,
     SynthesisInput,
     SynthesisRequest,
@@ -98,6 +99,16 @@ def in_process(model: LoadedModel, body: Callable[[Engine], Awaitable[T]]) -> T:
 
 def speaker_request(request_id: str, text: str = TEXT, **changes: object) -> SynthesisRequest:
     return SynthesisRequest(request_id, SynthesisInput(text, "english", "ryan"), SEEDED, **changes)  # type: ignore[arg-type]
+
+
+def long_request(request_id: str) -> SynthesisRequest:
+    return SynthesisRequest(request_id, SynthesisInput(TEXT, "english", "ryan"), LONG)
+
+
+async def read_until_it_fails(stream: RequestStream) -> None:
+    with pytest.raises(RequestFailed):
+        async for _ in stream:
+            pass
 
 
 async def synthesize(engine: Engine | EngineProcess, request: SynthesisRequest) -> tuple[np.ndarray, SynthesisSummary]:
@@ -389,13 +400,10 @@ def test_a_reader_that_falls_behind_pauses_its_request_in_the_core_until_it_read
 def test_stop_ends_the_core_and_its_live_requests_with_an_error(tiny_checkpoints: dict[str, Path]) -> None:
     async def stop_while_playing() -> None:
         engine = await EngineProcess.start(spec_for(tiny_checkpoints["custom_voice"]))
-        long = GenerationParams(max_new_frames=400, min_new_frames=400)
-        stream = await engine.submit(SynthesisRequest("cut", SynthesisInput(TEXT, "english", "ryan"), long))
+        stream = await engine.submit(long_request("cut"))
         await anext(stream)
         await asyncio.wait_for(engine.stop(), 30)
-        with pytest.raises(RequestFailed):
-            async for _ in stream:
-                pass
+        await read_until_it_fails(stream)
         assert not engine.is_running and not engine.is_alive
 
     asyncio.run(stop_while_playing())
@@ -424,14 +432,11 @@ def test_a_core_serves_a_front_door_beside_its_owner_whose_going_ends_only_its_o
             assert (owner_summary.request_id, beside_summary.request_id) == ("a", "b")
             assert owner_steps and not beside_steps
 
-            kept = await owner.submit(SynthesisRequest("kept", SynthesisInput(TEXT, "english", "ryan"), LONG))
-            left = await beside.submit(SynthesisRequest("left", SynthesisInput(TEXT, "english", "ryan"), LONG))
+            kept, left = await owner.submit(long_request("kept")), await beside.submit(long_request("left"))
             await anext(kept)
             await anext(left)
             await asyncio.wait_for(beside.stop(), 30)
-            with pytest.raises(RequestFailed):
-                async for _ in left:
-                    pass
+            await read_until_it_fails(left)
             assert not beside.is_running and owner.is_running and owner.num_live_requests == 1
             assert (await anext(kept)).num_frames > 0  # the owner's request plays on
             owner.abort("kept")
@@ -451,12 +456,10 @@ def test_a_front_door_beside_the_owner_loses_its_streams_when_the_owner_stops_th
     async def owner_stops() -> None:
         owner = await EngineProcess.start(spec_for(tiny_checkpoints["custom_voice"]), num_further_doors=1)
         beside = await EngineProcess.attach(owner.further_channels[0], STALL_TIMEOUT_S)
-        stream = await beside.submit(SynthesisRequest("cut", SynthesisInput(TEXT, "english", "ryan"), LONG))
+        stream = await beside.submit(long_request("cut"))
         await anext(stream)
         await asyncio.wait_for(owner.stop(), 30)
-        with pytest.raises(RequestFailed):
-            async for _ in stream:
-                pass
+        await read_until_it_fails(stream)
         await asyncio.wait_for(beside.wait_exited(), 10)
         assert not beside.is_running and not beside.is_alive and beside.pid is None
 
