@@ -210,7 +210,7 @@ def model_info_seconds(engine: Engine, text: str) -> float:
 def test_short_requests_beside_a_long_one_get_their_first_audio_as_soon_as_without_it(tiny_models) -> None:
     """Fairness, counted in engine steps (wall time on a shared CPU is noise): a 100,000-character request holds
     one slot, so twenty short requests that arrive while it runs reach first audio as they do alone, but for the
-    step already running when they arrive (an idle engine starts theirs at once)."""
+    steps already under way when they arrive (an idle engine starts theirs at once)."""
     model = tiny_models["custom_voice"]
     config = dataclasses.replace(CONFIG, max_running=24, num_slots=24, max_segment_chars=1000, max_text_chars=1000,
                                  max_audio_s=0.48, num_kv_blocks=2048, max_positions_per_request=1200)
@@ -244,7 +244,11 @@ def test_short_requests_beside_a_long_one_get_their_first_audio_as_soon_as_witho
         return run(engine, body)
 
     alone, beside = first_audio_steps(False), first_audio_steps(True)
-    assert all(with_long <= without + 1 for with_long, without in zip(beside, alone, strict=True)), (alone, beside)
+    # Beside the long request a short one waits for the step running when it arrives and, on a busy machine, for
+    # the next as well: its prompt is built on a worker thread before the engine takes it in, and the long
+    # request's steps go on meanwhile (seen in CI: 3 steps against 1 alone). So: within two steps of its time alone.
+    # Were the long request holding the engine, they would wait for its segment to end (six frames here).
+    assert all(with_long <= without + 2 for with_long, without in zip(beside, alone, strict=True)), (alone, beside)
 
 
 TEXTS_SHORT = ["Hello there.", "How are you today?", "A short one.", "Numbers: 1, 2, 3."]
