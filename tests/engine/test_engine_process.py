@@ -466,6 +466,21 @@ def test_a_front_door_beside_the_owner_loses_its_streams_when_the_owner_stops_th
     asyncio.run(owner_stops())
 
 
+def test_a_core_writes_nothing_more_to_a_front_door_that_has_gone(tiny_checkpoints: dict[str, Path],
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """Its beats would go on into the lost socket, which asyncio answers with a warning at every write."""
+    async def leave_and_wait() -> None:
+        owner = await EngineProcess.start(spec_for(tiny_checkpoints["custom_voice"], stall_timeout_s=1.0),
+                                          num_further_doors=1)
+        beside = await EngineProcess.attach(owner.further_channels[0], 1.0)
+        await beside.stop()
+        await asyncio.sleep(3.0)  # twelve beats
+        await owner.stop()
+
+    asyncio.run(leave_and_wait())
+    assert "socket.send() raised exception" not in capfd.readouterr().err
+
+
 def test_a_model_that_cannot_load_raises_its_own_error_in_the_servers_process(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError):
         asyncio.run(EngineProcess.start(spec_for(tmp_path / "no-such-checkpoint")))

@@ -179,7 +179,13 @@ class Outbox:
         self._writer = writer
         self._batch = Batch()
         self._is_flush_scheduled = False
+        self._is_closed = False
         self.engine: Engine | None = None  # once loaded: its occupancy and runner call go out with every batch
+
+    def close(self) -> None:
+        """Its front door has gone: nothing more is written (a write to a lost socket only logs, at every beat)."""
+        self._is_closed = True
+        self._writer.close()
 
     def item(self, item: StreamItem) -> None:
         self._batch.items.append(item)
@@ -211,6 +217,9 @@ class Outbox:
             self._send()
 
     def _send(self) -> None:
+        if self._is_closed:
+            self._batch = Batch()
+            return
         batch, engine = self._batch, self.engine
         if engine is not None:
             batch = replace(batch, occupancy=engine.occupancy(), runner_call_since=engine.runner_call_since)
@@ -386,6 +395,7 @@ async def _receive_from_further_door(reader: asyncio.StreamReader, bridge: CoreB
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
     logger.info("a front door beside the core's owner has gone: its requests end")
+    bridge.outbox.close()
     bridge.abort_all()
 
 
