@@ -108,3 +108,19 @@ def test_the_sampling_kernel_never_draws_a_removed_token() -> None:
 def test_the_codebook0_kernel_penalises_blocks_suppresses_and_draws_as_the_chain_does_on_the_gpu() -> None:
     case = Codebook0Case.random(3072, torch.device("cuda"))
     case.check(lambda seeds, draws: gumbel_noise(seeds, draws, 3072))
+
+
+def test_a_greedy_draw_over_nan_scores_is_torchs_and_never_past_the_vocabulary_on_the_gpu() -> None:
+    """Triton's argmax keeps a -inf (the padding past the vocabulary) over a NaN; the kernel's greedy draw takes
+    the NaN's column, as torch's argmax does."""
+    device = torch.device("cuda")
+    batch, vocab = 8, 3072
+    generator = torch.Generator(device=device).manual_seed(0)
+    scores = torch.randn(batch, vocab, generator=generator, device=device)
+    columns = torch.randint(0, vocab, (batch,), generator=generator, device=device)
+    scores[torch.arange(batch, device=device), columns] = float("nan")
+    scores[0] = float("nan")
+    zeros = torch.zeros(batch, dtype=torch.int64, device=device)
+    drawn = sampling_kernel.sample_rows(scores, torch.zeros(batch, device=device), zeros,
+                                        torch.ones(batch, device=device), zeros, zeros)
+    assert torch.equal(drawn, scores.argmax(dim=-1)) and int(drawn.max()) < vocab

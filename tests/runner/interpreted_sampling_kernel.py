@@ -63,3 +63,26 @@ def check_the_codebook0_kernel_draws_what_the_chain_draws(vocab: int) -> None:
     sampling_kernel.libdevice = types.SimpleNamespace(log=_interpreter_log)
     case = Codebook0Case.random(vocab, torch.device("cpu"))
     case.check(lambda seeds, draws: _numpy_gumbel_noise(seeds, draws, vocab))
+
+
+def check_greedy_draws_over_nan_scores_are_the_chains_and_in_the_vocabulary(vocab: int) -> None:
+    """Greedy rows whose scores hold a NaN (one, or all of them): the kernel draws the NaN's column, as torch's
+    argmax (the chain) does, never one past the vocabulary, and copies that row of the table."""
+    sampling_kernel.libdevice = types.SimpleNamespace(log=_interpreter_log)
+    batch = 8
+    generator = torch.Generator().manual_seed(vocab)
+    scores = torch.randn(batch, vocab, generator=generator)
+    scores[1, : vocab // 2] = float("-inf")
+    columns = torch.randint(0, vocab, (batch,), generator=generator)
+    scores[torch.arange(batch), columns] = float("nan")
+    scores[0] = float("nan")
+    rows = RowSampling(torch.zeros(batch), torch.zeros(batch, dtype=torch.int64), torch.ones(batch))
+    seeds = torch.zeros(batch, dtype=torch.int64)
+    draws = torch.zeros(batch, dtype=torch.int64)
+    table = torch.randn(vocab, 48, generator=generator).bfloat16()
+    drawn, embedded = sampling_kernel.sample_and_embed_rows(scores, rows.temperature, rows.top_k, rows.top_p, seeds,
+                                                            draws, table)
+    expected = scores.argmax(dim=-1)
+    assert expected[0] == 0 and torch.equal(expected[1:], columns[1:])
+    assert torch.equal(drawn, expected), (drawn, expected)
+    assert torch.equal(embedded, table[expected])

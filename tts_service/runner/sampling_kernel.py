@@ -244,11 +244,13 @@ def _draw_row(scores, cols, in_vocab, temperature, top_k_ptr, top_p_ptr, seed_pt
 
 @triton.jit
 def _pick(scores, cols, in_vocab, temperature, top_k_ptr, top_p_ptr, seed_ptr, draw, vocab, BLOCK: tl.constexpr):
-    """The row's draw, or its argmax where temperature is 0 (scores hold -inf past the vocabulary)."""
+    """The row's draw, or its argmax where temperature is 0 (scores hold -inf past the vocabulary). A NaN score wins
+    the argmax, as it does torch's (the chain's greedy draw): Triton's own argmax would keep a -inf over a NaN and
+    could return a column past the vocabulary, whose `seen` entry and embedding row lie outside their tensors."""
     if temperature > 0:
         drawn = _draw_row(scores, cols, in_vocab, temperature, top_k_ptr, top_p_ptr, seed_ptr, draw, vocab, BLOCK)
     else:
-        drawn = tl.argmax(scores, axis=0, tie_break_left=True)
+        drawn = tl.argmax(tl.where(scores != scores, float("inf"), scores), axis=0, tie_break_left=True)
     return drawn
 
 
