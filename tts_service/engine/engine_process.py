@@ -428,9 +428,11 @@ class EngineProcess(StepObservers):
         """A core stopped, or stuck in a step, does not come back by itself: it is killed, and what it held fails
         at once rather than when each call's deadline passes."""
         bound_s = self._watch.bound_s
+        ending = ("killing it once it has written where its threads are" if self._process is not None
+                  else "leaving it to its owner's watch")
         logger.error("the engine core (process %s) made no progress for %g s (--engine-stall-timeout-seconds) "
-                     "while it held %d live request(s) and %d call(s): killing it once it has written where its "
-                     "threads are", self.pid, bound_s, len(self._streams), len(self._replies))
+                     "while it held %d live request(s) and %d call(s): %s", self.pid, bound_s, len(self._streams),
+                     len(self._replies), ending)
         if self._process is not None:  # beside the owner, the owner's own watch ends the core
             if self.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
