@@ -6,6 +6,7 @@
 # whose calls failed or whose log names a CUDA error, a stall or a traceback, also its log's error lines, the raw
 # lines (a stalled core writes its threads' stacks there before it is killed) and, where CUDA wrote a core dump on
 # the fault, the kernel cuda-gdb finds in it.
+# SOAK_GPUS="0 2" soaks only those GPUs (all of them by default), so one machine can soak two trees side by side.
 # Further arguments are server flags, e.g. the green-context probe's (5a88a35, reverted), which brought the fault within
 # 30 s: run from a tree of that commit with `... 20 40 420 --aligner-sms 16`.
 #     bash benchmarks/device_words_soak.sh 40 40 420 [SERVER_FLAG ...]
@@ -49,9 +50,10 @@ soak() {
   done
 }
 
-num_gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
-for gpu in $(seq 0 $((num_gpus - 1))); do
+for gpu in ${SOAK_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader)}; do
   soak "$gpu" &
 done
 wait
-cat "$OUT"/soak-gpu*.txt | cut -c1-400
+for gpu in ${SOAK_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader)}; do
+  cut -c1-400 "$OUT/soak-gpu$gpu.txt"
+done
