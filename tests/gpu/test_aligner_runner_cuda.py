@@ -102,3 +102,22 @@ def test_the_fused_text_decoder_is_as_close_to_float32_as_the_eager_chain() -> N
     picks_chain = (chain.argmax(-1) == truth.argmax(-1)).float().mean()
     picks_fused = (one_pass.argmax(-1) == truth.argmax(-1)).float().mean()
     assert picks_fused >= picks_chain - 0.05
+
+
+def test_on_a_gpu_the_frames_are_the_extractors_without_cufft(runner: AlignerRunner,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuFFT's kernel faulted under word-timestamp load (tts_service/model/log_mel.py): on a GPU no frame of the
+    aligner goes through torch.stft, and the frames are the extractor's on the host to float32 rounding."""
+    aligner = runner.aligner
+    rng = np.random.default_rng(3)
+    clips = [rng.standard_normal(length).astype(np.float32) * 0.1 for length in (16000, 201, 52805)]
+    extracted = aligner.feature_extractor(clips, sampling_rate=16000, padding=True, truncation=False,
+                                          return_attention_mask=True, return_tensors="pt", device="cpu")
+    counts = extracted["attention_mask"].sum(-1).tolist()
+
+    def no_stft(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torch.stft ran on the GPU")
+
+    monkeypatch.setattr(torch, "stft", no_stft)
+    for row, frames in enumerate(aligner._log_mel(clips)):
+        torch.testing.assert_close(frames, extracted["input_features"][row, :, :counts[row]], rtol=0.0, atol=1e-5)

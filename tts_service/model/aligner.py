@@ -33,6 +33,7 @@ from tts_service.model.aligner_model import LoadedAligner, load_aligner_checkpoi
 from tts_service.model.aligner_random import build_random_aligner
 from tts_service.model.aligner_text import Word, split_words, word_times_s
 from tts_service.model.checkpoint import CheckpointError, resolve_source
+from tts_service.model.log_mel import MatrixLogMel
 from tts_service.model.text_tokenizer import CONFIG_FILE, literal_text_encoder
 
 if TYPE_CHECKING:
@@ -132,6 +133,10 @@ class ForcedAligner:
         # Words hold only letters, digits and apostrophes, so they never spell an added token; encoded apart, each
         # gets the ids the reference's tokenizer gives it between the prompt's added tokens.
         self.encode_text = literal_text_encoder(loaded.tokenizer)
+        # On a GPU the frames' transform is a matrix product, not cuFFT (log_mel's docstring says why); on the host
+        # the extractor computes them, bitwise the reference's.
+        is_product = self.device.type == "cuda" and self.feature_extractor.dither == 0.0
+        self._matrix_log_mel = MatrixLogMel(self.feature_extractor, self.device) if is_product else None
 
     @classmethod
     def load(cls, source: str, device: str | torch.device, dtype: torch.dtype, cache_dir: str | None = None,
@@ -211,6 +216,8 @@ class ForcedAligner:
 
     def _log_mel(self, clips: list[np.ndarray]) -> list[torch.Tensor]:
         """Each clip's log-mel frames [mel bins, frames] (float32, on the host), the clips padded together."""
+        if self._matrix_log_mel is not None:
+            return self._matrix_log_mel(clips)
         extracted = self.feature_extractor(clips, sampling_rate=SAMPLE_RATE, padding=True, truncation=False,
                                            return_attention_mask=True, return_tensors="pt", device=str(self.device))
         frames = extracted["attention_mask"].sum(-1).tolist()
