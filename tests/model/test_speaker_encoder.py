@@ -86,6 +86,29 @@ def test_mel_filterbank_matches_librosa_slaney() -> None:
     np.testing.assert_allclose(filters.numpy(), expected, rtol=0, atol=1e-8)
 
 
+def test_the_gpus_product_path_gives_the_stfts_log_mel() -> None:
+    """On a GPU the front end's transform is a matrix product instead of torch.stft (cuFFT): run here on the host,
+    both give the same log-mel frames to float32 rounding."""
+    from tts_service.model.speaker_encoder import (
+        _LOG_FLOOR,
+        _MAGNITUDE_EPS,
+        _power_by_product,
+        _power_by_stft,
+        front_end_tables,
+    )
+
+    filters, _ = front_end_tables(torch.device("cpu"))
+    wav = np.concatenate([sweep_signal(seconds=1.3), 1e-4 * np.random.default_rng(1).standard_normal(7001)])
+    padded = torch.nn.functional.pad(torch.from_numpy(wav).float()[None, None], (384, 384), mode="reflect")[:, 0]
+
+    def log_mel(power: torch.Tensor) -> torch.Tensor:
+        return torch.log(torch.clamp(filters @ torch.sqrt(power + _MAGNITUDE_EPS), min=_LOG_FLOOR))
+
+    by_product, by_stft = _power_by_product(padded), _power_by_stft(padded)
+    assert by_product.dtype == torch.float32 and by_product.shape == by_stft.shape
+    torch.testing.assert_close(log_mel(by_product), log_mel(by_stft), rtol=0.0, atol=1e-4)
+
+
 @pytest.mark.parity
 def test_log_mel_matches_reference_front_end() -> None:
     wav = sweep_signal(seconds=1.3)

@@ -20,6 +20,7 @@ from torch import nn
 from transformers.audio_utils import mel_filter_bank
 
 from tts_service.model.configs import SpeakerEncoderConfig
+from tts_service.model.log_mel import dft_basis, short_time_power
 
 SAMPLE_RATE = 24000
 N_FFT = 1024
@@ -47,19 +48,37 @@ def front_end_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return filters.to(device), window.to(device)
 
 
+@functools.lru_cache(maxsize=8)
+def transform_basis(device: torch.device) -> torch.Tensor:
+    """The Hann window's short-time transform as a matrix (`log_mel.dft_basis`, float64), for the GPU's path."""
+    return dft_basis(torch.hann_window(WIN_LENGTH, dtype=torch.float32)).to(device)
+
+
 def log_mel_spectrogram(wav: torch.Tensor) -> torch.Tensor:
     """[B, T] 24 kHz audio -> [B, 128, frames] natural-log mel magnitudes, computed in fp32.
 
     The signal is reflect-padded by (n_fft - hop) / 2 on each side and the STFT is not centred,
     which gives T // 256 frames. The input is not clipped: values beyond [-1, 1] pass through.
     """
-    filters, window = front_end_tables(wav.device)
+    filters, _ = front_end_tables(wav.device)
     pad = (N_FFT - HOP_LENGTH) // 2
     padded = F.pad(wav.float()[:, None], (pad, pad), mode="reflect")[:, 0]
+    power = _power_by_product(padded) if padded.is_cuda else _power_by_stft(padded)
+    magnitude = torch.sqrt(power + _MAGNITUDE_EPS)
+    return torch.log(torch.clamp(filters @ magnitude, min=_LOG_FLOOR))
+
+
+def _power_by_stft(padded: torch.Tensor) -> torch.Tensor:
+    """[B, bins, frames] fp32, through `torch.stft` as the reference computes it (cuFFT on a GPU)."""
+    _, window = front_end_tables(padded.device)
     spectrum = torch.stft(padded, N_FFT, hop_length=HOP_LENGTH, win_length=WIN_LENGTH, window=window,
                           center=False, normalized=False, onesided=True, return_complex=True)
-    magnitude = torch.sqrt(spectrum.real.square() + spectrum.imag.square() + _MAGNITUDE_EPS)
-    return torch.log(torch.clamp(filters @ magnitude, min=_LOG_FLOOR))
+    return spectrum.real.square() + spectrum.imag.square()
+
+
+def _power_by_product(padded: torch.Tensor) -> torch.Tensor:
+    """The same, as a float64 matrix product: on a GPU, no cuFFT (log_mel's docstring says why)."""
+    return short_time_power(padded, transform_basis(padded.device), HOP_LENGTH).transpose(1, 2).float()
 
 
 def _same_conv(in_channels: int, out_channels: int, kernel_size: int = 1, dilation: int = 1) -> nn.Conv1d:
