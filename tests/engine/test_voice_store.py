@@ -212,3 +212,36 @@ def test_a_memory_store_keeps_voices_without_a_directory() -> None:
     voice = store.create(IN_CONTEXT, 1.0, owner="")
     assert not store.is_persistent
     assert store.get(voice.voice_id, "").clone.reference_codes == IN_CONTEXT.reference_codes
+
+
+def test_a_file_the_server_may_not_read_is_reported_once_and_the_rest_are_served(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Another user's file with no read permission (simulated: these tests may run as root, whom permissions do
+    not stop) takes neither the store's opening nor its listing down with it."""
+    store = open_store(tmp_path)
+    kept, locked = (store.create(IN_CONTEXT, 1.0, owner="") for _ in range(2))
+    real_open = os.open
+
+    def open_refusing_the_locked_file(path: str | os.PathLike[str], flags: int, *args: int) -> int:
+        if Path(path).name.startswith(locked.voice_id):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_refusing_the_locked_file)
+    with caplog.at_level(logging.ERROR):
+        reopened = open_store(tmp_path)
+        for _ in range(3):
+            assert [voice.voice_id for voice in reopened.owned_by("")] == [kept.voice_id]
+            with pytest.raises(VoiceNotFoundError):
+                reopened.get(locked.voice_id, "")
+    reports = [record.getMessage() for record in caplog.records if locked.voice_id in record.getMessage()]
+    assert len(reports) == 1 and "permission denied" in reports[0]
+
+
+def test_entries_that_cannot_be_served_leave_room_for_voices_under_the_count_limit(tmp_path: Path) -> None:
+    limits = VoiceLimits(max_voices=1, max_voice_bytes=1 << 20, max_voices_per_owner=1)
+    (tmp_path / f"{UNSEEN_ID}.safetensors").write_bytes(b"not a voice")
+    store = open_store(tmp_path, limits=limits)
+    assert store.create(IN_CONTEXT, 1.0, owner="").owner == ""
+    with pytest.raises(VoiceStoreFullError, match="--max-voices"):
+        store.create(IN_CONTEXT, 1.0, owner="")

@@ -134,6 +134,8 @@ class DirectoryStorage:
             descriptor = os.open(self._path(voice_id), _READ_FLAGS)
         except FileNotFoundError:
             return None
+        except PermissionError:  # another user's file, say: this entry alone cannot be served
+            raise CorruptVoiceError("not readable by the server (permission denied)") from None
         except OSError as error:
             if error.errno in _UNOPENABLE_KINDS:
                 raise CorruptVoiceError(f"not a regular file but {_UNOPENABLE_KINDS[error.errno]}") from None
@@ -214,8 +216,7 @@ class VoiceStore:
         except OSError as error:
             raise VoiceStoreUnusableError(f"--voice-store {directory}: {error.strerror or error}") from error
         store = cls(storage, limits, shape)
-        num_usable = sum(1 for voice_id in storage.ids() if store._read(voice_id) is not None)
-        logger.info("voice store: %d voice(s) in %s", num_usable, directory)
+        logger.info("voice store: %d voice(s) in %s", len(store._usable()), directory)
         return store
 
     @property
@@ -223,12 +224,14 @@ class VoiceStore:
         return isinstance(self.storage, DirectoryStorage)
 
     def check_room(self, owner: str) -> None:
-        """Raise VoiceStoreFullError when the owner may add no voice: the store or the owner's share is full."""
+        """Raise VoiceStoreFullError when the owner may add no voice: the store or the owner's share is full. Only
+        voices that can be served count: an unusable entry (reported at open) is no voice a caller could delete."""
         limits = self.limits
-        if len(self.storage.ids()) >= limits.max_voices:
+        voices = self._usable()
+        if len(voices) >= limits.max_voices:
             raise VoiceStoreFullError(f"the server already stores {limits.max_voices} voices, the most it "
                                       "keeps (--max-voices); delete one first")
-        if len(self.owned_by(owner)) >= limits.max_voices_per_owner:
+        if sum(1 for voice in voices if voice.owner == owner) >= limits.max_voices_per_owner:
             raise VoiceStoreFullError(f"this caller already has {limits.max_voices_per_owner} voices, the most one "
                                       "caller may keep (--max-voices-per-caller); delete one first")
 
@@ -256,9 +259,12 @@ class VoiceStore:
 
     def owned_by(self, owner: str) -> list[RegisteredVoice]:
         """The owner's voices, oldest first."""
-        voices = (self._read(voice_id) for voice_id in self.storage.ids())
-        return sorted((voice for voice in voices if voice is not None and voice.owner == owner),
+        return sorted((voice for voice in self._usable() if voice.owner == owner),
                       key=lambda voice: (voice.created_at, voice.voice_id))
+
+    def _usable(self) -> list[RegisteredVoice]:
+        voices = (self._read(voice_id) for voice_id in self.storage.ids())
+        return [voice for voice in voices if voice is not None]
 
     def delete(self, voice_id: str, owner: str) -> None:
         self.get(voice_id, owner)
