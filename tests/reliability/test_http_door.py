@@ -2,7 +2,7 @@
 once or bounded in time. Huge bodies are refused before they are read while health keeps answering; no answer or log
 line quotes a long value; a body that is not strict JSON is a 400 (415 for another media type), never a 500;
 connections that never finish their head or body, or say nothing, are closed at their timeouts; and the connection
-caps hold, per client address and in all, before any key is checked."""
+caps hold, per client address and in all, before any key is checked, and over TLS from before the handshake."""
 
 from __future__ import annotations
 
@@ -11,15 +11,18 @@ import http.client
 import json
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.service.certificates import Certificates, issue_certificates, write_certificates
 from tests.service.helpers import RunningServer, start_server
 from tests.service.processes import free_port
 from tts_service.api.http_connections import ACCEPT_ERROR, OncePerInterval, client_address
@@ -342,3 +345,68 @@ def test_request_heads_that_do_not_parse_are_logged_at_most_once_per_interval_wi
     records = [record for record in caplog.records if record.name == "aiohttp.server"]
     assert len(records) <= 1
     assert all(record.exc_info is None and len(record.getMessage()) < MOST_LOG_CHARS for record in records)
+
+
+# -- TLS handshakes --------------------------------------------------------------------------------------------------
+
+TLS_HEADER_TIMEOUT_S = 4.0
+# A refused connection closes as it is accepted; an admitted one that says nothing waits for the handshake timeout.
+AT_ONCE_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def tls_certificates() -> Certificates:
+    return issue_certificates()
+
+
+@pytest.fixture(scope="module")
+def tls_capped(tiny_models: dict[str, LoadedModel], tls_certificates: Certificates,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A TLS server with small connection caps (2 from one address, 3 in all) and a short handshake timeout."""
+    paths = write_certificates(tmp_path_factory.mktemp("tls"), tls_certificates)
+    server = start_server(tiny_models["custom_voice"], http_port=free_port(), api_keys=frozenset({API_KEY}),
+                          tls_cert=paths["tls_cert"], tls_key=paths["tls_key"], max_http_connections=3,
+                          max_http_connections_per_address=2, http_header_timeout_seconds=TLS_HEADER_TIMEOUT_S)
+    yield server
+    server.stop()
+
+
+def tls_status(server: RunningServer, certificates: Certificates, directory: Path, source: str) -> int:
+    """GET /v1/models over TLS from `source`, trusting the test CA: its status."""
+    (directory / "ca.pem").write_bytes(certificates.ca.certificate)
+    context = ssl.create_default_context(cafile=directory / "ca.pem")
+    connection = http.client.HTTPSConnection("127.0.0.1", http_port(server), timeout=10, context=context,
+                                             source_address=(source, 0))
+    try:
+        return models_status(connection)
+    finally:
+        connection.close()
+
+
+def test_over_tls_connections_still_in_their_handshake_count_toward_the_caps(
+        tls_capped: RunningServer, tls_certificates: Certificates, tmp_path: Path) -> None:
+    """Counted only once their handshake was done, connections that never finished one escaped the caps: each held a
+    descriptor for the handshake timeout however many a client opened."""
+    silent = [connect(tls_capped, "127.0.0.1") for _ in range(2)]
+    try:
+        time.sleep(0.2)  # both accepted
+        with connect(tls_capped, "127.0.0.1") as beyond:
+            assert seconds_until_closed(beyond) < AT_ONCE_S
+        assert tls_status(tls_capped, tls_certificates, tmp_path, "127.0.0.2") == 200
+        with connect(tls_capped, "127.0.0.3") as third:  # two silent and one served: the cap in all is full
+            time.sleep(0.2)
+            with connect(tls_capped, "127.0.0.4") as beyond_all:
+                assert seconds_until_closed(beyond_all) < AT_ONCE_S
+            third.close()
+    finally:
+        for sock in silent:
+            sock.close()
+    time.sleep(0.3)  # the server has seen them go
+    assert tls_status(tls_capped, tls_certificates, tmp_path, "127.0.0.1") == 200
+
+
+def test_over_tls_a_handshake_never_finished_is_closed_at_the_header_timeout(tls_capped: RunningServer) -> None:
+    with connect(tls_capped, "127.0.0.5") as sock:
+        sock.sendall(b"\x16\x03\x01\x02\x00")  # a TLS record's header, announcing a hello that never comes
+        open_s = seconds_until_closed(sock)
+    assert TLS_HEADER_TIMEOUT_S * 0.9 <= open_s < TLS_HEADER_TIMEOUT_S + CLOSE_MARGIN_S

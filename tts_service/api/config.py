@@ -113,9 +113,9 @@ class ServerConfig:
     max_http_body_bytes: int = setting(2 * 1024 * 1024, "largest request body the HTTP API reads; a longer one gets "
                                                         "413 (2 MiB holds a --max-document-chars text however it is "
                                                         "escaped)", check=at_least(1))
-    http_header_timeout_seconds: float = setting(10.0, "on the HTTP ports, longest a request head (or a TLS "
-                                                       "handshake) may take from its first byte; then the "
-                                                       "connection is closed", check=above(0))
+    http_header_timeout_seconds: float = setting(10.0, "on the HTTP ports, longest a request head may take from its "
+                                                       "first byte, and a TLS handshake from the connection's "
+                                                       "opening; then the connection is closed", check=above(0))
     http_body_timeout_seconds: float = setting(30.0, "longest the HTTP API waits for a request body once its head "
                                                      "has arrived; then 408 and the connection is closed",
                                                check=above(0))

@@ -10,7 +10,8 @@ lines in 31 s). `ConnectionGuard` stands between a listening socket and aiohttp'
   its answered request counts as the next head's bytes);
 - the wait for a request, from the connection's opening or its last response, is bounded by aiohttp's own
   keep-alive timeout, and a body's pace is the handler's to bound (`openai_http` reads a body under a deadline).
-A TLS connection reaches the guard once its handshake is done: the listener bounds the handshake by the header timeout.
+On a TLS port the guard takes each connection before its handshake and counts it from there, so that connections
+that never finish a handshake are held to the caps too; a handshake not done within the header timeout is cut.
 `bound_http_logs` keeps what hostile clients make the server log short and rare: asyncio's line for a failing accept,
 and aiohttp's for a request head that does not parse (whose traceback quotes the head), once per interval each.
 """
@@ -21,6 +22,7 @@ import asyncio
 import ipaddress
 import logging
 import math
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -56,11 +58,13 @@ def client_address(peername: tuple[Any, ...]) -> str:
 
 
 class ConnectionGuard:
-    """The protocol factory of one HTTP port (for `loop.create_server`): it counts each accepted connection, in all
-    and by client address, and has aiohttp's `server` serve those that `limits` admit."""
+    """The protocol factory of one HTTP port (for `loop.create_server`, with no TLS of its own): it counts each
+    accepted connection, in all and by client address, and has aiohttp's `server` serve those that `limits` admit,
+    over `tls` when given, from the end of their handshake."""
 
-    def __init__(self, server: web.Server, limits: ConnectionLimits) -> None:
+    def __init__(self, server: web.Server, limits: ConnectionLimits, tls: ssl.SSLContext | None = None) -> None:
         self.limits = limits
+        self.tls = tls
         self._server = server
         self._connections: dict[web.RequestHandler, GuardedConnection] = {}
         self._num_by_address: Counter[str] = Counter()
@@ -100,8 +104,9 @@ class ConnectionGuard:
 
 
 class GuardedConnection(asyncio.Protocol):
-    """One accepted connection: served by aiohttp's protocol if the caps admit it, closed at once if not, and
-    closed when a request head takes longer than the header timeout."""
+    """One accepted connection: served by aiohttp's protocol if the caps admit it (after its TLS handshake, on a TLS
+    port), closed at once if not, and closed when its handshake or a request head takes longer than the header
+    timeout."""
 
     def __init__(self, guard: ConnectionGuard) -> None:
         self._guard = guard
@@ -110,6 +115,9 @@ class GuardedConnection(asyncio.Protocol):
         self._address = ""
         self._head_deadline: asyncio.TimerHandle | None = None
         self._is_in_request = False
+        self._handshake: asyncio.Task[None] | None = None
+        self._is_served = False  # aiohttp's protocol has the connection (over TLS, once the handshake is done)
+        self._is_counted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -120,7 +128,36 @@ class GuardedConnection(asyncio.Protocol):
             # that a flood of connections costs neither descriptors nor log lines.
             transport.abort()
             return
+        self._is_counted = True
         self._transport = transport
+        if self._guard.tls is None:
+            self._serve(transport)
+        else:
+            # Nothing may be read before the handshake takes the connection (the client's hello is its).
+            transport.pause_reading()
+            self._handshake = asyncio.ensure_future(self._start_tls(transport, self._guard.tls))
+
+    async def _start_tls(self, transport: asyncio.Transport, tls: ssl.SSLContext) -> None:
+        if transport.is_closing():  # gone before its handshake could start: connection_lost has released it
+            return
+        try:
+            secure = await asyncio.get_running_loop().start_tls(
+                transport, self, tls, server_side=True, ssl_handshake_timeout=self._guard.limits.header_timeout_s)
+        except asyncio.CancelledError:
+            self._release()
+            raise
+        except (OSError, TimeoutError):  # ssl.SSLError is an OSError; start_tls has closed the connection
+            self._release()
+            return
+        if secure is None:  # the connection went as its handshake ended
+            self._release()
+            return
+        self._transport = secure
+        self._serve(secure)
+
+    def _serve(self, transport: asyncio.Transport) -> None:
+        assert self._handler is not None
+        self._is_served = True
         self._handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -144,9 +181,15 @@ class GuardedConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_deadline()
-        if self._handler is not None:
-            self._guard.release(self._handler, self._address)
+        self._release()
+        if self._handler is not None and self._is_served:
             self._handler.connection_lost(exc)
+
+    def _release(self) -> None:
+        if self._is_counted:
+            assert self._handler is not None
+            self._is_counted = False
+            self._guard.release(self._handler, self._address)
 
     def request_started(self) -> None:
         self._is_in_request = True

@@ -452,9 +452,8 @@ class TtsServer:
         # "::" binds IPv6 alone; no host binds every interface of both families, as gRPC's [::] does.
         host = None if config.bare_host == "::" else config.bare_host
         try:
-            listener = await asyncio.get_running_loop().create_server(
-                ConnectionGuard(runner.server, limits), host, port, ssl=tls,
-                ssl_handshake_timeout=limits.header_timeout_s if tls is not None else None)
+            listener = await asyncio.get_running_loop().create_server(ConnectionGuard(runner.server, limits, tls),
+                                                                      host, port)
         except OSError as error:
             await runner.cleanup()
             reason = os.strerror(error.errno) if error.errno else str(error)
