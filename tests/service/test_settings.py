@@ -33,6 +33,8 @@ NON_DEFAULT: dict[str, tuple[str, Any]] = {
     "http-keepalive-timeout-seconds": ("4.5", 4.5),
     "max-http-connections": ("64", 64),
     "max-http-connections-per-address": ("8", 8),
+    "max-grpc-connections": ("32", 32),
+    "grpc-handshake-timeout-seconds": ("1.5", 1.5),
     "max-message-bytes": ("4096", 4096),
     "max-reference-audio-bytes": ("1024", 1024),
     "max-stream-seconds": ("90", 90.0),

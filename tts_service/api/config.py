@@ -128,6 +128,13 @@ class ServerConfig:
     max_http_connections_per_address: int = setting(256, "connections open on each HTTP port from one client "
                                                          "address (an IPv6 client's /64); one beyond is closed as it "
                                                          "is accepted", check=at_least(1))
+    # gRPC carries all of a client's calls on one connection. grpc core caps the connections of a port in all (it
+    # counts none by address) and closes one whose handshake (TLS, then HTTP/2's preface) is not done in time.
+    max_grpc_connections: int = setting(1024, "connections open on the gRPC port (and on --health-port); one beyond "
+                                              "is closed as it is accepted", check=at_least(1))
+    grpc_handshake_timeout_seconds: float = setting(10.0, "on the gRPC ports, longest a connection may take from its "
+                                                          "opening to finish its handshake (TLS, then HTTP/2's "
+                                                          "preface); then it is closed", check=above(0))
     max_message_bytes: int = setting(32 * 1024 * 1024, "largest request message accepted", check=at_least(1))
     # 60 s of 48 kHz stereo float WAV fit.
     max_reference_audio_bytes: int = setting(24 * 1024 * 1024, "largest voice-cloning reference recording, encoded",

@@ -362,10 +362,13 @@ class TtsServer:
         if credentials.is_required:
             interceptors.insert(0, ApiKeyInterceptor(credentials, count_refusal))
         # Without SO_REUSEPORT, which gRPC sets by default: with it, a second server binds a port already in use
-        # and silently takes a share of its new connections.
-        exclusive_port = ("grpc.so_reuseport", 0)
+        # and silently takes a share of its new connections. Connections are capped and their handshakes bounded, as
+        # the HTTP ports' are: a client that opens them and says nothing would hold descriptors without end.
+        port_options = [("grpc.so_reuseport", 0),
+                        ("grpc.max_allowed_incoming_connections", config.max_grpc_connections),
+                        ("grpc.server_handshake_timeout_ms", round(config.grpc_handshake_timeout_seconds * 1000))]
         self._server = grpc.aio.server(interceptors=interceptors, options=[
-            exclusive_port,
+            *port_options,
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", -1),
         ])
@@ -393,7 +396,7 @@ class TtsServer:
         self._cores_follower: asyncio.Task[None] | None = None
         self.health_port: int | None = None
         if config.health_port is not None:
-            self._health_server = grpc.aio.server(interceptors=[RequestParsingInterceptor()], options=[exclusive_port])
+            self._health_server = grpc.aio.server(interceptors=[RequestParsingInterceptor()], options=port_options)
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
             self.health_port = listen(self._health_server, "--health-port", config.health_port)
         # /metrics is served on this event loop: an idle connection costs a coroutine, not a thread, and the
