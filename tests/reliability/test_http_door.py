@@ -190,6 +190,22 @@ def test_no_answer_or_log_line_quotes_a_long_value(door: RunningServer, caplog: 
     assert max(len(record.getMessage()) for record in caplog.records) < MOST_LOG_CHARS
 
 
+@pytest.mark.parametrize("head", [
+    b"GET /v1/models HTTP/1.1\r\nHost: test\r\nX-Bad: " + b"\x01" * 5000 + b"\r\n\r\n",
+    b"GET /" + b"A" * 5000 + b" HTTP/1.1\x01\r\n\r\n",
+    b"BAD\x01" + b"Z" * 5000 + b" / HTTP/1.1\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: test\r\n" + b"Q" * 5000 + b"\r\n\r\n"], ids=["value", "line", "method", "name"])
+def test_the_400_for_a_head_that_does_not_parse_quotes_none_of_it(door: RunningServer, head: bytes) -> None:
+    """aiohttp's own answer quoted the offending line back, up to 8 KiB escaped."""
+    with connect(door) as sock:
+        sock.sendall(head)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        body = response.read()
+    assert response.status == 400
+    assert body == b"400 Bad Request: the request head does not parse as HTTP/1.1"
+
+
 def test_a_body_that_is_not_json_in_utf_8_is_refused_with_415(door: RunningServer) -> None:
     body = json.dumps(SPEECH).encode()
     refusals = [post(door, body, "text/plain"), post(door, body, "application/json; charset=latin-1"),

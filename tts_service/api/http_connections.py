@@ -13,7 +13,8 @@ lines in 31 s). `ConnectionGuard` stands between a listening socket and aiohttp'
 On a TLS port the guard takes each connection before its handshake and counts it from there, so that connections
 that never finish a handshake are held to the caps too; a handshake not done within the header timeout is cut.
 `bound_http_logs` keeps what hostile clients make the server log short and rare: asyncio's line for a failing accept,
-and aiohttp's for a request head that does not parse (whose traceback quotes the head), once per interval each.
+and aiohttp's for a request head that does not parse (whose traceback quotes the head), once per interval each; and
+the 400 that answers such a head quotes none of it (`QuotelessRequestHandler`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -57,15 +59,31 @@ def client_address(peername: tuple[Any, ...]) -> str:
     return str(address)
 
 
+class QuotelessRequestHandler(web.RequestHandler):
+    """aiohttp's protocol for one connection, except that its 400 for a request head that does not parse says only
+    that: aiohttp's own quotes the offending line (up to 8 KiB, escaped) back to whoever sent it."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if isinstance(exc, HttpProcessingError):
+            message = f"{status} {HTTPStatus(status).phrase}: the request head does not parse as HTTP/1.1"
+        return super().handle_error(request, status, exc, message)
+
+
 class ConnectionGuard:
     """The protocol factory of one HTTP port (for `loop.create_server`, with no TLS of its own): it counts each
     accepted connection, in all and by client address, and has aiohttp's `server` serve those that `limits` admit,
-    over `tls` when given, from the end of their handshake."""
+    over `tls` when given, from the end of their handshake. `handler_options` are the runner's options for aiohttp's
+    protocol (`web.AppRunner`'s keyword arguments that `web.Server` hands on to it)."""
 
-    def __init__(self, server: web.Server, limits: ConnectionLimits, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, server: web.Server, limits: ConnectionLimits, tls: ssl.SSLContext | None = None,
+                 handler_options: dict[str, Any] | None = None) -> None:
         self.limits = limits
         self.tls = tls
         self._server = server
+        self._handler_options = handler_options or {}
         self._connections: dict[web.RequestHandler, GuardedConnection] = {}
         self._num_by_address: Counter[str] = Counter()
         # A request reaching its handler is the end of its head; the handler's return starts the wait for the next.
@@ -91,7 +109,7 @@ class ConnectionGuard:
         if (len(self._connections) >= self.limits.max_connections
                 or self._num_by_address[address] >= self.limits.max_connections_per_address):
             return None
-        handler = self._server()
+        handler = QuotelessRequestHandler(self._server, loop=asyncio.get_running_loop(), **self._handler_options)
         self._connections[handler] = connection
         self._num_by_address[address] += 1
         return handler

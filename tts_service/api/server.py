@@ -322,11 +322,14 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
                                        root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
+def http_handler_options(config: ServerConfig) -> dict[str, Any]:
+    """aiohttp's protocol on an HTTP port: a silent connection closes at the keep-alive timeout, and a compressed
+    body stays as it came (and is refused), since decompressing would run on the event loop to a size unknown before."""
+    return {"access_log": None, "keepalive_timeout": config.http_keepalive_timeout_seconds, "auto_decompress": False}
+
+
 def http_runner(app: web.Application, config: ServerConfig, **options: Any) -> web.AppRunner:
-    """`app`'s runner on an HTTP port: a silent connection closes at the keep-alive timeout, and a compressed body
-    stays as it came (and is refused), since decompressing would run on the event loop to a size unknown before."""
-    return web.AppRunner(app, access_log=None, keepalive_timeout=config.http_keepalive_timeout_seconds,
-                         auto_decompress=False, **options)
+    return web.AppRunner(app, **http_handler_options(config), **options)
 
 
 def http_tls(config: ServerConfig) -> ssl.SSLContext | None:
@@ -455,8 +458,8 @@ class TtsServer:
         # "::" binds IPv6 alone; no host binds every interface of both families, as gRPC's [::] does.
         host = None if config.bare_host == "::" else config.bare_host
         try:
-            listener = await asyncio.get_running_loop().create_server(ConnectionGuard(runner.server, limits, tls),
-                                                                      host, port)
+            guard = ConnectionGuard(runner.server, limits, tls, http_handler_options(config))
+            listener = await asyncio.get_running_loop().create_server(guard, host, port)
         except OSError as error:
             await runner.cleanup()
             reason = os.strerror(error.errno) if error.errno else str(error)
