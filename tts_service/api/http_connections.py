@@ -133,7 +133,7 @@ class GuardedConnection(asyncio.Protocol):
         self._address = ""
         self._head_deadline: asyncio.TimerHandle | None = None
         self._is_in_request = False
-        self._handshake: asyncio.Task[None] | None = None
+        self._handshake: asyncio.Task[None] | None = None  # held here: the loop keeps tasks only weakly
         self._is_served = False  # aiohttp's protocol has the connection (over TLS, once the handshake is done)
         self._is_counted = False
 
