@@ -178,7 +178,9 @@ class ServerConfig:
     engine_stall_timeout_seconds: float = setting(30.0, "how long the engine core's process may make no progress "
                                                         "(no message from it, or one step that never ends) while it "
                                                         "holds work before the server kills it, ends its calls with "
-                                                        "UNAVAILABLE and exits with status 1", check=above(0))
+                                                        "UNAVAILABLE and exits with status 1 (with "
+                                                        "--no-engine-process, how long one step may take)",
+                                                  check=above(0))
     # In the server's process and the engine core's. The runner's thread gives the GIL up around every graph launch
     # and device wait and must win it back from its process's event loop.
     gil_switch_interval_ms: float = setting(5.0, "longest a thread holds the GIL while another waits for it "

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
@@ -75,7 +76,8 @@ async def start_engine(config: ServerConfig) -> Engine | EngineProcess | EngineC
     it loads either way."""
     if not config.engine_process:
         engine = await in_daemon_thread(lambda: load_engine(config))
-        engine.start()
+        # Nothing outside this process watches the engine here: it bounds its own steps.
+        engine.start(stall_timeout_s=config.engine_stall_timeout_seconds)
         return engine
     from tts_service.engine import CoreSpec, EngineCores, EngineProcess
     from tts_service.engine.cores import core_specs
@@ -214,7 +216,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(config.log_level, config.log_format)
     sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
     logger.info("configuration:\n%s", config.describe())
-    return asyncio.run(serve(config))
+    status = asyncio.run(serve(config))
+    if status != 0:
+        exit_past_a_stuck_runner(status)
+    return status
+
+
+def exit_past_a_stuck_runner(status: int) -> None:
+    """End the process now if an in-process engine's runner thread is stuck in a call (a stalled step): the
+    interpreter's exit would wait for it for ever, and a supervisor restarts only a process that has ended."""
+    from tts_service.engine.engine import RUNNER_THREAD_NAME
+
+    stuck = [thread.name for thread in threading.enumerate()
+             if thread.name.startswith(RUNNER_THREAD_NAME) and thread.is_alive()]
+    if stuck:
+        logger.error("exiting without waiting for %s, stuck in a step", ", ".join(stuck))
+        logging.shutdown()
+        os._exit(status)
 
 
 if __name__ == "__main__":

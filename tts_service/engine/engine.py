@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import functools
 import logging
 import math
@@ -123,8 +124,17 @@ class EngineOccupancy:
     num_kv_blocks_total: int
 
 
+# The runner's thread, which a stalled engine leaves stuck in its call (see `Engine.start`).
+RUNNER_THREAD_NAME = "tts-runner"
+
+
 class EngineStoppedError(RuntimeError):
     """The engine is not running, so it takes no requests."""
+
+
+class EngineStalledError(RuntimeError):
+    """A call into the runner made no progress within the stall bound: a stuck step (in-process engines only; an
+    engine core's server watches the core from outside and kills it)."""
 
 
 @dataclass
@@ -205,7 +215,7 @@ class Engine(StepObservers):
         self._num_groups = config.talker.num_code_groups
         self._live: dict[str, _Live] = {}
         self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-runner")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=RUNNER_THREAD_NAME)
         # One cloning at a time: the encoders are heavy and share the device with the runner.
         self._clone_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-voice-clone")
         # One tokenization at a time: requests are queued in the order their text was tokenized.
@@ -227,6 +237,8 @@ class Engine(StepObservers):
         self._max_segment_frames = max_segment_frames
         self._task: asyncio.Task[None] | None = None
         self._is_stopping = False
+        self._stall_timeout_s: float | None = None
+        self.is_stalled = False  # its runner thread is stuck in a call: it is never waited for again
         # On the engine's clock, when the runner's thread took up the call the loop now waits for; None between
         # calls. A call that never returns is a stuck step: the engine core reports this to the server's watchdog.
         self.runner_call_since: float | None = None
@@ -269,9 +281,13 @@ class Engine(StepObservers):
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, stall_timeout_s: float | None = None) -> None:
+        """Start stepping. With `stall_timeout_s` (an engine in the server's own process, which nothing watches from
+        outside), a runner call that lasts that long ends the engine: every thread's stack is written to stderr,
+        the loop fails with EngineStalledError, and its live requests end with an error."""
         if self._task is not None:
             raise RuntimeError("the engine is already running")
+        self._stall_timeout_s = stall_timeout_s
         self._task = asyncio.get_running_loop().create_task(self._run(), name="tts-engine")
 
     async def warm_up(self) -> bool:
@@ -279,15 +295,17 @@ class Engine(StepObservers):
         return await warm_up(self)
 
     async def stop(self) -> None:
-        """Stop stepping; requests still live end with an error. Drain first to finish them."""
+        """Stop stepping; requests still live end with an error. Drain first to finish them. A loop that failed
+        has logged why (`join` raises it)."""
         self._is_stopping = True
         self._wake.set()
         if self._task is not None:
-            await self._task
+            with contextlib.suppress(Exception):
+                await self._task
             self._task = None
         await self._segmented.close()
         await self._streamed.close()
-        self._executor.shutdown(wait=True)
+        self._executor.shutdown(wait=not self.is_stalled)
         self._clone_executor.shutdown(wait=False, cancel_futures=True)
         self._prompt_executor.shutdown(wait=False, cancel_futures=True)
         self._voice_executor.shutdown(wait=True)  # a voice being written is finished, never cut
@@ -683,7 +701,18 @@ class Engine(StepObservers):
     async def _in_runner(self, function: Callable[..., T], *args: object) -> T:
         self.runner_call_since = self.clock()
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+            call = asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+            if self._stall_timeout_s is None:
+                return await call
+            try:
+                return await asyncio.wait_for(call, self._stall_timeout_s)
+            except TimeoutError:
+                self.is_stalled = True
+                logger.error("a step made no progress for %g s (--engine-stall-timeout-seconds); every thread's "
+                             "stack follows", self._stall_timeout_s)
+                # Written without the GIL a stuck thread may hold; it names the call the runner is stuck in.
+                faulthandler.dump_traceback(all_threads=True)
+                raise EngineStalledError(f"a step made no progress for {self._stall_timeout_s:g} s") from None
         finally:
             self.runner_call_since = None
 
