@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
     logger.info("configuration:\n%s", config.describe())
     status = asyncio.run(serve(config))
-    if status != 0:
+    if status != 0 and not config.engine_process:  # only an in-process engine has a runner thread here
         exit_past_a_stuck_runner(status)
     return status
 
