@@ -5,7 +5,6 @@ gRPC's own defaults (no cap, 120 s for a handshake) let one client hold descript
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.service.helpers import RunningServer, start_server
+from tests.service.helpers import RunningServer, seconds_until_closed, start_server
 from tests.service.processes import free_port
 from tts_service.model.checkpoint import LoadedModel
 
@@ -36,14 +35,6 @@ def capped(tiny_models: dict[str, LoadedModel]) -> Iterator[RunningServer]:
 
 def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=10)
-
-
-def seconds_until_closed(sock: socket.socket) -> float:
-    started = time.monotonic()
-    with contextlib.suppress(ConnectionResetError):
-        while sock.recv(65536):
-            pass
-    return time.monotonic() - started
 
 
 def is_serving(port: int) -> bool:

@@ -23,7 +23,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.service.certificates import Certificates, issue_certificates, write_certificates
-from tests.service.helpers import RunningServer, start_server
+from tests.service.helpers import RunningServer, seconds_until_closed, start_server
 from tests.service.processes import free_port
 from tts_service.api.http_connections import ACCEPT_ERROR, OncePerInterval, client_address
 from tts_service.model.checkpoint import LoadedModel
@@ -102,15 +102,6 @@ def status_of(sock: socket.socket) -> int:
     response = http.client.HTTPResponse(sock)
     response.begin()
     return response.status
-
-
-def seconds_until_closed(sock: socket.socket) -> float:
-    """How long the server takes to close `sock`, reading (and dropping) whatever it sends until then."""
-    started = time.monotonic()
-    with contextlib.suppress(ConnectionResetError):
-        while sock.recv(65536):
-            pass
-    return time.monotonic() - started
 
 
 @contextlib.contextmanager

@@ -7,6 +7,8 @@ the tests talk to it through the blocking Python client over a real socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -120,3 +122,12 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.01)
     return condition()
+
+
+def seconds_until_closed(sock: socket.socket) -> float:
+    """How long the server takes to close `sock`, reading (and dropping) whatever it sends until then."""
+    started = time.monotonic()
+    with contextlib.suppress(ConnectionResetError):
+        while sock.recv(65536):
+            pass
+    return time.monotonic() - started
