@@ -78,12 +78,12 @@ class ConnectionGuard:
     over `tls` when given, from the end of their handshake. `handler_options` are the runner's options for aiohttp's
     protocol (`web.AppRunner`'s keyword arguments that `web.Server` hands on to it)."""
 
-    def __init__(self, server: web.Server, limits: ConnectionLimits, tls: ssl.SSLContext | None = None,
-                 handler_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, server: web.Server, limits: ConnectionLimits, handler_options: dict[str, Any],
+                 tls: ssl.SSLContext | None = None) -> None:
         self.limits = limits
         self.tls = tls
         self._server = server
-        self._handler_options = handler_options or {}
+        self._handler_options = handler_options
         self._connections: dict[web.RequestHandler, GuardedConnection] = {}
         self._num_by_address: Counter[str] = Counter()
         # A request reaching its handler is the end of its head; the handler's return starts the wait for the next.

@@ -458,7 +458,7 @@ class TtsServer:
         # "::" binds IPv6 alone; no host binds every interface of both families, as gRPC's [::] does.
         host = None if config.bare_host == "::" else config.bare_host
         try:
-            guard = ConnectionGuard(runner.server, limits, tls, http_handler_options(config))
+            guard = ConnectionGuard(runner.server, limits, http_handler_options(config), tls)
             listener = await asyncio.get_running_loop().create_server(guard, host, port)
         except OSError as error:
             await runner.cleanup()
