@@ -416,8 +416,8 @@ def test_a_core_serves_a_front_door_beside_its_owner_whose_going_ends_only_its_o
     the owner's stop ends the core for both."""
     async def two_doors() -> None:
         owner = await EngineProcess.start(spec_for(tiny_checkpoints["custom_voice"]), num_further_doors=1)
-        (channel,) = owner.further_channels
-        beside = await EngineProcess.attach(channel, STALL_TIMEOUT_S)
+        beside = await EngineProcess.attach(owner.further_channels.pop(), STALL_TIMEOUT_S)
+        assert owner.further_channels == []
         owner_steps: list[object] = []
         beside_steps: list[object] = []
         owner.add_step_observer(owner_steps.append)
@@ -455,7 +455,7 @@ def test_a_front_door_beside_the_owner_loses_its_streams_when_the_owner_stops_th
         tiny_checkpoints: dict[str, Path]) -> None:
     async def owner_stops() -> None:
         owner = await EngineProcess.start(spec_for(tiny_checkpoints["custom_voice"]), num_further_doors=1)
-        beside = await EngineProcess.attach(owner.further_channels[0], STALL_TIMEOUT_S)
+        beside = await EngineProcess.attach(owner.further_channels.pop(), STALL_TIMEOUT_S)
         stream = await beside.submit(long_request("cut"))
         await anext(stream)
         await asyncio.wait_for(owner.stop(), 30)
@@ -472,13 +472,25 @@ def test_a_core_writes_nothing_more_to_a_front_door_that_has_gone(tiny_checkpoin
     async def leave_and_wait() -> None:
         owner = await EngineProcess.start(spec_for(tiny_checkpoints["custom_voice"], stall_timeout_s=1.0),
                                           num_further_doors=1)
-        beside = await EngineProcess.attach(owner.further_channels[0], 1.0)
+        beside = await EngineProcess.attach(owner.further_channels.pop(), 1.0)
         await beside.stop()
         await asyncio.sleep(3.0)  # twelve beats
         await owner.stop()
 
     asyncio.run(leave_and_wait())
     assert "socket.send() raised exception" not in capfd.readouterr().err
+
+
+def test_the_owner_closes_the_further_channels_nobody_took_when_it_stops(tiny_checkpoints: dict[str, Path]) -> None:
+    """A channel left open in the owner would keep its socket alive after the door it was meant for had gone."""
+    async def start_and_stop() -> socket.socket:
+        owner = await EngineProcess.start(spec_for(tiny_checkpoints["custom_voice"]), num_further_doors=1)
+        (untaken,) = owner.further_channels
+        await asyncio.wait_for(owner.stop(), 30)
+        assert owner.further_channels == []
+        return untaken
+
+    assert asyncio.run(start_and_stop()).fileno() == -1
 
 
 def test_a_model_that_cannot_load_raises_its_own_error_in_the_servers_process(tmp_path: Path) -> None:

@@ -121,7 +121,8 @@ class EngineProcess(StepObservers):
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(clock)
         self._process = process  # None: a front door beside the core's owner (`attach`)
-        # Sockets for further front doors of the same core, each to be attached once (`start`'s num_further_doors).
+        # Sockets for further front doors of the same core (`start`'s num_further_doors): each is taken from the list
+        # (popped) by whoever attaches it, here or in another process; those never taken are closed at `stop`.
         self.further_channels: list[socket.socket] = []
         self._writer = writer
         self.model_info: ModelInfo = ready.model_info
@@ -162,21 +163,26 @@ class EngineProcess(StepObservers):
             for end in theirs:
                 end.close()  # the core holds the only other ends, so its exit closes ours
         reader, writer = await asyncio.open_unix_connection(sock=ours[0])
+
+        def close_ours() -> None:
+            writer.close()
+            for end in ours[1:]:
+                end.close()
+
         try:
             first = await receive(reader)
         except (asyncio.IncompleteReadError, ConnectionError):
             first = None
         except asyncio.CancelledError:  # the server stops during the load
             process.kill()
+            close_ours()
             raise
         if isinstance(first, Ready):
             logger.info("the engine core runs in process %d", process.pid)
             door = cls(process, reader, writer, first, spec.stall_timeout_s)
             door.further_channels = ours[1:]
             return door
-        writer.close()
-        for end in ours[1:]:
-            end.close()
+        close_ours()
         await asyncio.to_thread(process.join, _EXIT_GRACE_S)
         if isinstance(first, LoadFailed):
             raise first.error
@@ -325,6 +331,10 @@ class EngineProcess(StepObservers):
             with contextlib.suppress(ConnectionError):
                 send(self._writer, Stop())
                 await self._writer.drain()
+        # Ends handed to another process are its copies now; ours kept open would keep a gone door's socket alive.
+        for channel in self.further_channels:
+            channel.close()
+        self.further_channels.clear()
         if self._process is None:
             self._writer.close()
             await self._receiving
