@@ -34,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, help="requests to send in all (closed loop)")
     parser.add_argument("--rpc", choices=("online", "streaming", "mixed"), default="mixed",
                         help="SynthesizeOnline, StreamingSynthesize, or a random mix")
-    parser.add_argument("--speaker", default="ryan")
+    voice = parser.add_mutually_exclusive_group()
+    voice.add_argument("--speaker", help="a CustomVoice model's speaker (default: ryan)")
+    voice.add_argument("--voice-id", help="a registered voice for every request (Base models; qwen3-tts voice create)")
     parser.add_argument("--language", choices=("english", "chinese"),
                         help="only texts in this language (default: the whole set, each in its own language)")
     parser.add_argument("--encoding", default="pcm16")
@@ -71,7 +73,8 @@ def _plan(args: argparse.Namespace, limits: Any) -> list[PlannedRequest]:
 
 
 async def _run(args: argparse.Namespace) -> dict:
-    settings = RequestSettings(voice=Voice(speaker=args.speaker),
+    voice = Voice(voice_id=args.voice_id) if args.voice_id else Voice(speaker=args.speaker or "ryan")
+    settings = RequestSettings(voice=voice,
                                audio_format=AudioFormat(args.encoding, args.sample_rate),
                                generation=Generation(temperature=args.temperature, seed=args.seed),
                                fragment_interval_s=args.fragment_interval, timeout_s=args.timeout,
@@ -97,6 +100,7 @@ async def _run(args: argparse.Namespace) -> dict:
                          "language": args.language, "encoding": args.encoding, "sample_rate": args.sample_rate,
                          "fragment_interval_s": args.fragment_interval, "max_audio_seconds": args.max_audio_seconds,
                          "word_timestamps": args.word_timestamps, "processes": args.processes,
+                         "speaker": voice.speaker, "voice_id": voice.voice_id,
                          "server_limits": {"max_audio_seconds": limits.max_audio_seconds,
                                            "max_text_chars": limits.max_text_chars}},
             "schedule": [asdict(request) for request in planned], "wall_s": wall_s,

@@ -13,8 +13,10 @@ from clients.loadgen.__main__ import read_report, write_report
 from clients.loadgen.report import peak_in_flight, percentile, summarize
 from clients.loadgen.run import RequestRecord
 from clients.loadgen.schedule import CHARACTERS_PER_SECOND, closed_loop_plan, poisson_schedule, texts
+from clients.qwen3_tts_client import VoiceReference
 from observability.playback import Stalls
 from tests.service.helpers import RunningServer, start_server
+from tests.service.test_voice_clone import REFERENCE_TEXT, pcm16_samples, wav_file
 from tts_service.model.checkpoint import LoadedModel
 
 
@@ -217,6 +219,28 @@ def test_with_word_timestamps_every_request_gets_words_and_the_report_says_how_f
     assert all(request["word_lags_s"] for request in report["requests"])
     lags = report["summary"]["word_lag_ms"]
     assert lags["num_messages"] >= 4 and 0 <= lags["p50"] <= lags["p95"] <= lags["max"]
+
+
+def test_with_a_voice_id_every_request_speaks_the_registered_voice(base_server: RunningServer,
+                                                                     tmp_path: Path) -> None:
+    with base_server.client() as client:
+        reference = VoiceReference(audio=wav_file(pcm16_samples(seed=0)), text=REFERENCE_TEXT)
+        voice = client.create_voice(reference, timeout=60)
+    report = run_loadgen(base_server, tmp_path / "voice.json", "--rpc", "mixed", "--voice-id", voice.voice_id)
+    assert report["settings"]["voice_id"] == voice.voice_id and report["settings"]["speaker"] == ""
+    assert report["summary"]["num_completed"] == report["summary"]["num_requests"] > 0
+    # A Base model has no speakers: without the voice the same load is refused, so the voice is what carried it.
+    refused = run_loadgen(base_server, tmp_path / "speaker.json", "--rpc", "online")
+    assert refused["summary"]["num_completed"] == 0 and set(refused["summary"]["errors_by_status"]) == {
+        "INVALID_ARGUMENT"}
+
+
+def test_the_loadgen_takes_a_speaker_or_a_voice_id_not_both(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        loadgen_main(["--server", "localhost:1", "--rate", "1", "--duration", "1", "--speaker", "ryan", "--voice-id",
+                      "v", "--out", str(tmp_path / "never.json")])
+    assert "--voice-id: not allowed with argument --speaker" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["report.json", "report.json.gz"])
