@@ -269,6 +269,39 @@ def test_in_context_clone_streams_the_eager_synthesizers_audio(tiny_models) -> N
     assert np.abs(waveform - expected.waveform).max() <= 1e-4
 
 
+def test_requests_in_one_clone_voice_decode_its_reference_frames_once_and_stream_the_same_audio(
+        tiny_models, monkeypatch) -> None:
+    """The codec state a clone's reference frames leave is kept (`PrimedVoices`): after the first request in a
+    voice, the others start from it, to the eager synthesizer's audio all the same."""
+    model = tiny_models["base"]
+    synthesizer = EagerSynthesizer(model)
+    reference = np.sin(np.linspace(0, 400 * np.pi, 24000 * 2)).astype(np.float32) * 0.3
+    clone = synthesizer.clone_voice(reference, "A reference sentence.", x_vector_only=False)
+    synthesis = SynthesisInput("Cloned speech, streamed.", "english", clone=clone)
+    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=9, min_new_frames=9)
+    expected = synthesizer.synthesize([synthesis], [params])[0]
+    engine = make_engine(model, chunk_schedule=(1,))
+    primed: list[list[int]] = []
+    real_prime = engine.runner.prime_audio
+    monkeypatch.setattr(engine.runner, "prime_audio", lambda slots, codes: (primed.append(slots),
+                                                                             real_prime(slots, codes)))
+
+    async def one_after_another():
+        engine.start()
+        results = []
+        for index in range(3):
+            stream = await engine.submit(SynthesisRequest(f"clone-{index}", synthesis, params))
+            results.append(await stream.collect())
+        await engine.stop()
+        return results
+
+    results = asyncio.run(one_after_another())
+    assert len(primed) == 1 and engine.runner.primed_voices.num_hits == 2
+    for waveform, summary in results:
+        assert torch.equal(torch.from_numpy(summary.codes), expected.codes)
+        assert np.abs(waveform - expected.waveform).max() <= 1e-4
+
+
 def test_a_clone_whose_reference_frames_fail_to_decode_fails_alone_beside_one_that_needs_none(
         tiny_models, monkeypatch) -> None:
     """An in-context clone's stream starts by decoding its reference frames; when that fails, its request ends with

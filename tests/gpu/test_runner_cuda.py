@@ -15,7 +15,7 @@ from tts_service.eager.generate import generate_codes
 from tts_service.engine.config import EngineConfig
 from tts_service.model.checkpoint import LoadOptions
 from tts_service.model.loading import load_model
-from tts_service.runner.runner import ModelRunner
+from tts_service.runner.runner import AudioRestart, ModelRunner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -182,3 +182,30 @@ def test_the_rope_rows_the_runner_gathers_are_the_computed_cos_and_sin_bit_for_b
     positions = torch.randint(0, 4096, (3, 5), generator=torch.Generator().manual_seed(0)).cuda()
     for rows, values in zip(talker.rope_rows(4096, dtype), talker.rope_cos_sin(positions, dtype), strict=True):
         assert torch.equal(rows[positions], values)
+
+
+def test_a_kept_voice_state_starts_a_second_stream_as_a_fresh_decode_would_without_waiting_for_the_device(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clone's reference frames decoded once, on the codec's stream, their state kept and copied into the next
+    stream in that voice there: the same state and audio as decoding them again, and no host sync on the way."""
+    model = load_model("random:tiny-base", LoadOptions(device=torch.device("cuda"), dtype=torch.float32))
+    config = EngineConfig(max_running=4, block_size=BLOCK_SIZE, num_kv_blocks=64, max_positions_per_request=256,
+                          graph_batch_sizes=(1, 2), codec_chunk_schedule=(1,))
+    runner = ModelRunner(model, config.runner_config(model.speech_config.frame_rate_hz))
+    fresh = ModelRunner(model, replace(config, max_primed_voices=0).runner_config(model.speech_config.frame_rate_hz))
+    reference = torch.randint(0, 2048, (7, runner.num_groups), generator=torch.Generator().manual_seed(4)).numpy()
+    # The whole restart under sync checks (the other methods' wrappers would switch them off on their way out).
+    monkeypatch.setattr(runner, "_restart_audio", _refusing_host_syncs(runner._restart_audio))
+    with torch.inference_mode():
+        runner._restart_audio((AudioRestart(0, reference, is_voice_reference=True),))
+        runner._restart_audio((AudioRestart(1, reference, is_voice_reference=True),))
+        fresh._restart_audio((AudioRestart(0, reference, is_voice_reference=True),))
+    monkeypatch.undo()
+    torch.cuda.synchronize()
+    assert runner.primed_voices.num_hits == 1
+    rows = [state.select_rows(torch.tensor([slot], device="cuda")).tensors()
+            for state, slot in ((runner.codec_state, 0), (runner.codec_state, 1), (fresh.codec_state, 0))]
+    for kept, started, decoded in zip(*rows, strict=True):
+        assert torch.equal(started, kept) and torch.equal(started, decoded)
+    frames = torch.randint(0, 2048, (1, 1, runner.num_groups), generator=torch.Generator().manual_seed(5)).numpy()
+    assert np.array_equal(runner.decode_audio([1], frames), fresh.decode_audio([0], frames))

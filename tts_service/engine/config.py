@@ -138,6 +138,11 @@ class EngineConfig:
     # An in-context voice's codes take 64 bytes a frame, so 1 MiB holds about 20 minutes of them.
     max_voice_bytes: int = setting(1024 * 1024, "largest registered voice as stored (an in-context voice grows with "
                                                 "its reference)", check=at_least(1))
+    # At the released codec's size a stream's state is about 5 MB in float32 (2.5 in bfloat16).
+    max_primed_voices: int = setting(64, "in-context clone voices (registered or sent inline) whose codec state after "
+                                         "their reference audio stays on the GPU, most recently used first (about 5 "
+                                         "MB each), so that a request in one of them starts without decoding that "
+                                         "reference again; 0: decode it for every request", check=at_least(0))
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -184,7 +189,8 @@ class EngineConfig:
             use_predictor_kernel=self.use_predictor_kernel,
             codec_graph_chunk_sizes=self.codec_chunk_schedule,
             prefill_graph_batch_sizes=self.prefill_graph_batch_sizes,
-            prefill_graph_lengths=self.prefill_graph_lengths, profile_steps=self.profile_steps)
+            prefill_graph_lengths=self.prefill_graph_lengths, profile_steps=self.profile_steps,
+            max_primed_voices=self.max_primed_voices)
 
     def scheduler_config(self, num_kv_blocks: int, frame_rate_hz: float) -> SchedulerConfig:
         """The scheduler's settings once the runner has allocated `num_kv_blocks`."""

@@ -734,7 +734,9 @@ class Engine(StepObservers):
                 speaker_embedding=clone.speaker_embedding if clone is not None else None,  # type: ignore[arg-type]
                 resumed_frames=tuple(tuple(int(c) for c in frame) for frame in frames),
                 resumed_text_ids=tuple(self._text_id_for_input(live, index) for index in range(len(frames)))))
-            restarts.append(AudioRestart(item.slot, self._codec_context(live, item.num_codec_frames)))
+            restarts.append(AudioRestart(item.slot, self._codec_context(live, item.num_codec_frames),
+                                         is_voice_reference=live.reference_codes is not None
+                                         and item.num_codec_frames == 0))
         decodes = []
         for item in output.decodes:
             live = self._live[item.request_id]

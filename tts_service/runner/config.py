@@ -30,6 +30,8 @@ class RunnerConfig:
     prefill_graph_batch_sizes: tuple[int, ...]
     prefill_graph_lengths: tuple[int, ...]
     profile_steps: bool  # device time per phase of every step (PhaseTimer); costs a few events per step
+    # Clone voices whose codec state after their reference frames is kept (primed_voices); 0: none.
+    max_primed_voices: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_slots < 1:
@@ -44,6 +46,8 @@ class RunnerConfig:
             raise ValueError("kv_memory_fraction must be in (0, 1)")
         if sorted(set(self.graph_batch_sizes)) != list(self.graph_batch_sizes) or self.graph_batch_sizes[0] < 1:
             raise ValueError("graph_batch_sizes must be increasing positive integers")
+        if self.max_primed_voices < 0:
+            raise ValueError("max_primed_voices must be >= 0")
         if any(size < 1 for size in self.codec_graph_chunk_sizes):
             raise ValueError("codec_graph_chunk_sizes must be positive")
         for name in ("prefill_graph_batch_sizes", "prefill_graph_lengths"):

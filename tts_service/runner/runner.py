@@ -37,6 +37,7 @@ from tts_service.runner.frame_step import (
 )
 from tts_service.runner.kv_cache import PagedDecodeBackend, PagedKVCache, PagedPrefillBackend, validate_host_metadata
 from tts_service.runner.params import GenerationParams
+from tts_service.runner.primed_voices import PrimedVoices, reference_key
 from tts_service.runner.timing import PhaseTimer
 
 # CUDA's lower numbers run first: the engine's streams above the default (0), which other work on the device (the
@@ -72,6 +73,9 @@ class AudioRestart:
 
     slot: int
     context: np.ndarray
+    # The context is a clone's reference frames alone, which start every stream in that voice: the runner may
+    # start this one from the state they left before (`primed_voices`).
+    is_voice_reference: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,6 +251,7 @@ class ModelRunner:
         # Row max_num_slots is the codec's scratch row, as SlotState's last row is the sampler's.
         self.codec_state = model.codec_decoder.new_stream_state(config.max_num_slots + 1)
         self.codec_scratch_row = config.max_num_slots
+        self.primed_voices = PrimedVoices(config.max_primed_voices)
         max_chunk = max(config.codec_graph_chunk_sizes, default=1)
         samples_per_frame = model.speech_config.samples_per_frame
         self.codec = _CodecBuffers(
@@ -581,7 +586,10 @@ class ModelRunner:
             if restart.context.shape[0] == 0:
                 continue
             try:
-                self.prime_audio([restart.slot], restart.context[None])
+                if restart.is_voice_reference:
+                    self._prime_voice(restart.slot, restart.context)
+                else:
+                    self.prime_audio([restart.slot], restart.context[None])
             except Exception as error:  # that request's audio fails; the step goes on
                 failed[restart.slot] = f"{type(error).__name__}: {error}"
         return failed
@@ -677,6 +685,24 @@ class ModelRunner:
         a resumed stream's frames already sent), queued on the device without a copy to the host."""
         with self._codec_work():
             self._decode_audio(slots, codes)
+
+    @torch.inference_mode()
+    def _prime_voice(self, slot: int, reference: np.ndarray) -> None:
+        """`prime_audio` of one slot with a clone's reference frames [T, G], from the state they left a stream of
+        this voice before when it is kept; else decoded, and the state they leave kept."""
+        if not self.primed_voices.max_voices:
+            self.prime_audio([slot], reference[None])
+            return
+        key = reference_key(reference)
+        kept = self.primed_voices.get(key)
+        if kept is None:
+            self.prime_audio([slot], reference[None])
+        with self._codec_work():
+            row = self._queued_indices([slot])
+            if kept is None:
+                self.primed_voices.put(key, self.codec_state.select_rows(row))
+            else:
+                self.codec_state.store_rows(row, kept)
 
     def _decode_audio(self, slots: list[int], codes: np.ndarray) -> torch.Tensor:
         # Checked on the host: an out-of-range code would be a device-side assert, which poisons
