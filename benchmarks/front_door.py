@@ -6,8 +6,9 @@ stand-in (`benchmarks.paced_core`): every running request gets a frame of noise 
 1.7B (or, with --model-size, the 0.6B) model's frame step takes on an H100 at that many rows (BENCHMARKS.md, frame
 step), and a request ends at the frames it asked for, as random weights do. The repository's load generator drives
 it, open loop (mixed calls unless --rpc says). What is measured is the server process's CPU time over each load, per
-call and per second of audio sent: the front door is one Python process, so its CPU per call bounds the request rate
-one server can carry (BENCHMARKS.md, "Several GPUs behind one server"). Its first-audio figures are the front door's
+call and per second of audio sent (the front door is one Python process, so its CPU per call bounds the request
+rate one server can carry: BENCHMARKS.md, "Several GPUs behind one server"), and the objects the garbage collector
+tracks per call in flight, which a full collection's pause grows with. Its first-audio figures are the front door's
 and the wire's share only. A rate written with a w (20w) has every request ask for word timestamps, timed by the
 stand-in (the server needs an --aligner-model).
 
@@ -25,6 +26,7 @@ import gzip
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +40,7 @@ from observability.logs import configure_logging
 from tts_service.api.config import load_config
 from tts_service.api.main import create_metrics
 from tts_service.api.server import TtsServer
+from tts_service.api.speech import CallTracker
 from tts_service.engine import CoreSpec, EngineProcess
 
 
@@ -84,19 +87,52 @@ async def load(port: int, rate: float, duration_s: float, rpc: str, out: Path, i
         return cast(dict[str, Any], json.load(file)["summary"])
 
 
-async def measured_load(port: int, core_pid: int, rate: str, duration_s: float, rpc: str, scratch: Path
-                        ) -> dict[str, Any]:
+class HeldObjects:
+    """What the calls in flight hold that the garbage collector walks: every `every_s`, the objects it tracks and
+    the calls in progress, against the objects it tracks once the load has ended (`idle`). A full collection's
+    pause grows with those objects (BENCHMARKS.md, "Garbage collection under load")."""
+
+    def __init__(self, calls: CallTracker, every_s: float) -> None:
+        self._calls = calls
+        self._every_s = every_s
+        self._samples: list[tuple[int, int]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(self._every_s, self._sample)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _sample(self) -> None:
+        self._samples.append((len(gc.get_objects()), self._calls.num_active))
+        self.start()
+
+    def summary(self, idle: int) -> dict[str, Any]:
+        per_call = [(tracked - idle) / in_flight for tracked, in_flight in self._samples if in_flight]
+        return {"idle_tracked_objects": idle, "num_samples": len(per_call),
+                "tracked_objects_per_call_in_flight": statistics.median(per_call) if per_call else None}
+
+
+async def measured_load(port: int, core_pid: int, rate: str, duration_s: float, rpc: str, scratch: Path,
+                        calls: CallTracker) -> dict[str, Any]:
     """One load at `rate` (req/s; with a w, 20w, every request asks for word timestamps): what the load generator saw,
-    and the CPU time the server's process and the core's took."""
+    the CPU time the server's process and the core's took, and the objects its calls held."""
     pauses = GcPauses()
+    held = HeldObjects(calls, every_s=max(duration_s / 10, 0.2))
     gc.callbacks.append(pauses)
+    held.start()
     try:
         cpu, core_cpu = time.process_time(), process_cpu_seconds(core_pid)
         summary = await load(port, float(rate.removesuffix("w")), duration_s, rpc, scratch / f"{rate}.json.gz",
                              rate.endswith("w"))
         cpu, core_cpu = time.process_time() - cpu, process_cpu_seconds(core_pid) - core_cpu
     finally:
+        held.stop()
         gc.callbacks.remove(pauses)
+    gc.collect()
+    idle = len(gc.get_objects())
     num_calls = summary["num_requests"]
     audio_s = summary["audio_s_per_wall_s"] * num_calls / summary["achieved_requests_per_s"]
     return {"rate": rate, "num_calls": num_calls, "num_completed": summary["num_completed"],
@@ -104,7 +140,7 @@ async def measured_load(port: int, core_pid: int, rate: str, duration_s: float, 
             "front_door_cpu_ms_per_call": 1e3 * cpu / num_calls, "front_door_cpu_ms_per_audio_s": 1e3 * cpu / audio_s,
             "core_cpu_s": core_cpu, "ttfa_ms": summary["ttfa_ms"], "start_lag_ms": summary["start_lag_ms"],
             "num_requests_with_underruns": summary["num_requests_with_underruns"], "gc": pauses.summary(),
-            "word_lag_ms": summary["word_lag_ms"]}
+            "held_objects": held.summary(idle), "word_lag_ms": summary["word_lag_ms"]}
 
 
 async def measure(rates: list[str], duration_s: float, rpc: str, size: str, server_flags: list[str]
@@ -136,13 +172,14 @@ async def measure(rates: list[str], duration_s: float, rpc: str, size: str, serv
         await server.serve(door, create_metrics(config, door.model_info))
         with tempfile.TemporaryDirectory() as scratch:
             for rate in rates:
-                row = await measured_load(port, door.pid, rate, duration_s, rpc, Path(scratch))
+                row = await measured_load(port, door.pid, rate, duration_s, rpc, Path(scratch), server.calls)
                 rows.append(row)
                 sys.stdout.write(f"{rate:>6s} req/s: {row['num_calls']} calls, front door "
                                  f"{row['front_door_cpu_s']:6.2f} CPU s ({row['front_door_cpu_ms_per_call']:.2f} ms "
                                  f"a call), core {row['core_cpu_s']:.2f} CPU s, first audio p50 "
                                  f"{row['ttfa_ms']['p50']:.1f} p95 {row['ttfa_ms']['p95']:.1f} ms, underrunning "
-                                 f"{row['num_requests_with_underruns']}, GC max {row['gc']['max_ms']:.1f} ms\n")
+                                 f"{row['num_requests_with_underruns']}, GC max {row['gc']['max_ms']:.1f} ms, "
+                                 f"{_objects(row['held_objects'])} objects a call in flight\n")
     finally:
         await server.shutdown()
         gc.callbacks.remove(gc_watch)
@@ -172,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     return 0
+
+
+def _objects(held: dict[str, Any]) -> str:
+    per_call = held["tracked_objects_per_call_in_flight"]
+    return "no" if per_call is None else f"{per_call:.0f}"
 
 
 def _cpu_name() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -66,7 +67,11 @@ class CallRecord:
     result: CallResult | None = None  # None when the call ended before the engine finished it
     is_submitted: bool = False  # the engine took the request
     first_audio_received: float | None = None  # monotonic: the request's first audio reached the server's stream
-    chunks_sent: list[ChunkArrival] = field(default_factory=list)
+    # When each chunk left, and where it starts in the audio: float arrays, which the garbage collector does not
+    # walk (a call in flight holds two objects here, not one a chunk; a full collection's pause grows with the
+    # objects the calls in flight hold).
+    sent_at_s: array[float] = field(default_factory=lambda: array("d"))
+    sent_offset_s: array[float] = field(default_factory=lambda: array("d"))
 
     def finish_reason(self, status: str) -> str:
         """How the request ended, for a call that ended with `status`: stopped, length, aborted or error;
@@ -78,17 +83,22 @@ class CallRecord:
             return self.result.finish_reason
         return "aborted" if self.is_submitted and status in _ENDED_BY_TIME_OR_CLIENT else ""
 
-    def add_chunk(self, offset_s: float) -> None:
-        self.chunks_sent.append(ChunkArrival(time.monotonic(), offset_s))
+    def add_chunk(self, offset_s: float, sent_at_s: float | None = None) -> None:
+        """A chunk starting `offset_s` into the audio left now (or at `sent_at_s`, monotonic)."""
+        self.sent_at_s.append(time.monotonic() if sent_at_s is None else sent_at_s)
+        self.sent_offset_s.append(offset_s)
 
     @property
     def timeline(self) -> RequestTimeline | None:
         return self.result.timeline if self.result is not None else None
 
     def chunk_gaps_s(self) -> list[float]:
-        return [later.arrival_s - earlier.arrival_s for earlier, later in pairwise(self.chunks_sent)]
+        return [later - earlier for earlier, later in pairwise(self.sent_at_s)]
 
     def underrun_s(self) -> float | None:
         """How long a listener playing from the first chunk was starved, each stall once; None for calls that
         streamed no chunks."""
-        return stalls(self.chunks_sent).total_s if self.chunks_sent else None
+        if not self.sent_at_s:
+            return None
+        return stalls([ChunkArrival(at, offset) for at, offset in zip(self.sent_at_s, self.sent_offset_s,
+                                                                      strict=True)]).total_s

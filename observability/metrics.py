@@ -186,12 +186,12 @@ class ServiceMetrics:
 
     def _observe_first_audio_path(self, record: CallRecord, timeline: RequestTimeline) -> None:
         received, first_audio = record.first_audio_received, timeline.first_audio
-        if received is None or first_audio is None or not record.chunks_sent:
+        if received is None or first_audio is None or not record.sent_at_s:
             return
         labels = self._labels
         for phase, seconds in (("to_engine", timeline.arrival - record.started),
                                ("from_engine", received - first_audio),
-                               ("to_grpc", record.chunks_sent[0].arrival_s - received)):
+                               ("to_grpc", record.sent_at_s[0] - received)):
             self.first_audio_path.labels(**labels, phase=phase).observe(seconds)
 
     def watch(self, live: LiveState) -> None:

@@ -88,6 +88,8 @@ def test_the_benchmark_drives_the_real_server_and_reports_its_cpu_for_every_call
     assert row["num_calls"] >= 3 and row["num_completed"] == row["num_calls"] and row["errors_by_status"] == {}
     assert row["front_door_cpu_s"] > 0 and row["core_cpu_s"] > 0 and row["audio_s"] > 0
     assert row["gc"]["num_collections"] > 0 and row["num_requests_with_underruns"] == 0
+    held = row["held_objects"]
+    assert held["num_samples"] > 0 and held["tracked_objects_per_call_in_flight"] > 0 and held["idle_tracked_objects"]
 
 
 def test_a_core_whose_warm_up_fails_is_stopped_with_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from observability.calls import CallRecord, CallResult, RequestTimeline
 from observability.metrics import LiveState, ServiceMetrics
-from observability.playback import ChunkArrival
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server, wait_until
 from tests.service.processes import free_port
 from tests.test_playback import chunks_with_one_late
@@ -100,7 +99,7 @@ def test_a_streamed_calls_first_audio_path_is_observed_from_the_server_and_engin
     metrics = ServiceMetrics("tiny", "custom_voice")
     record = CallRecord("SynthesizeOnline", "path", started=100.0)
     record.first_audio_received = 100.0155
-    record.chunks_sent.append(ChunkArrival(100.018, 0.0))
+    record.add_chunk(0.0, sent_at_s=100.018)
     timeline = RequestTimeline(arrival=100.002, admitted=100.004, first_frame=100.012, first_audio=100.015,
                                finished=101.0)
     record.result = CallResult("length", timeline, num_frames=10, num_input_tokens=5, audio_s=0.8)
@@ -127,7 +126,8 @@ def test_a_long_texts_segment_retries_are_counted_by_reason() -> None:
 def test_a_calls_underrun_is_the_time_its_listener_was_starved_each_stall_once() -> None:
     metrics = ServiceMetrics("tiny", "custom_voice")
     record = CallRecord("SynthesizeOnline", "one-stall", started=100.0)
-    record.chunks_sent.extend(chunks_with_one_late(0.5))  # the chunks behind the late one each add nothing
+    for chunk in chunks_with_one_late(0.5):  # the chunks behind the late one each add nothing
+        record.add_chunk(chunk.offset_s, sent_at_s=chunk.arrival_s)
     assert record.underrun_s() == pytest.approx(0.5)
     metrics.observe_call(record, "OK")
     scrape = samples(metrics)

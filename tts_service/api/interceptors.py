@@ -243,9 +243,20 @@ class RequestParsingInterceptor(grpc.aio.ServerInterceptor):
     last among the interceptors: those before it then refuse calls without parsing them.
     """
 
+    def __init__(self) -> None:
+        # A method's handler is the same object call after call, so its wrapper is made once, not a call: made a
+        # call, its closures were objects that every call in flight held, and a full garbage collection's pause grows
+        # with those. A handler another interceptor made for one call (a refusal) is wrapped for that call alone.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
     async def intercept_service(self, continuation: Continuation,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        return parsing_handler(handler, _request_type(details.method))
+        known = self._wrapped.get(details.method)
+        if known is not None and known[0] is handler:
+            return known[1]
+        wrapped = parsing_handler(handler, _request_type(details.method))
+        self._wrapped[details.method] = (handler, wrapped)
+        return wrapped

@@ -88,8 +88,12 @@ class CallTracker:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    @contextlib.asynccontextmanager
-    async def track(self, caller: str = "") -> AsyncIterator[None]:
+    def track(self, caller: str = "") -> _TrackedCall:
+        """A call of `caller` in progress while the context is entered (RESOURCE_EXHAUSTED past the caller's
+        limit)."""
+        return _TrackedCall(self, caller)
+
+    def _enter(self, caller: str) -> None:
         limit = self._max_calls_per_caller
         if limit is not None and self._num_by_caller[caller] >= limit:
             raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -98,20 +102,66 @@ class CallTracker:
         self.num_active += 1
         self._num_by_caller[caller] += 1
         self._idle.clear()
-        try:
-            yield
-        finally:
-            self.num_active -= 1
-            self._num_by_caller[caller] -= 1
-            if not self._num_by_caller[caller]:
-                del self._num_by_caller[caller]
-            if self.num_active == 0:
-                self._idle.set()
+
+    def _leave(self, caller: str) -> None:
+        self.num_active -= 1
+        self._num_by_caller[caller] -= 1
+        if not self._num_by_caller[caller]:
+            del self._num_by_caller[caller]
+        if self.num_active == 0:
+            self._idle.set()
 
     async def wait_idle(self, timeout_s: float) -> bool:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         return self.num_active == 0
+
+
+class _ObservedCall:
+    """`SpeechSteps._observed`'s context, a class for the reason `_TrackedCall` is one."""
+
+    __slots__ = ("_ending_status", "_metadata", "_record", "_span", "_steps", "_tracer")
+
+    def __init__(self, steps: SpeechSteps, record: CallRecord, metadata: Iterable[tuple[str, str | bytes]],
+                 ending_status: EndingStatus) -> None:
+        self._steps = steps
+        self._record = record
+        self._metadata = metadata
+        self._ending_status = ending_status
+        self._tracer: CallTracer | None = None
+        self._span: Any = None
+
+    async def __aenter__(self) -> None:
+        record, self._tracer = self._record, self._steps.tracer
+        self._span = self._tracer.start(record, self._metadata) if self._tracer is not None else None
+        bind_call(record.request_id, trace_id_of(self._span) if self._span is not None else None)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, error: BaseException | None,
+                        traceback: object) -> None:
+        status = "OK"
+        try:
+            if error is not None:
+                status = self._ending_status(self._record, error)
+        finally:
+            self._steps._end_observation(self._record, status, self._tracer, self._span)
+
+
+class _TrackedCall:
+    """`CallTracker.track`'s context: a class, not a generator, because every call in flight holds one, and a
+    generator-based context brings an async generator, its weak reference and its context manager besides, each
+    an object a full garbage collection walks (its pause grows with the objects the calls in flight hold)."""
+
+    __slots__ = ("_caller", "_calls")
+
+    def __init__(self, calls: CallTracker, caller: str) -> None:
+        self._calls = calls
+        self._caller = caller
+
+    async def __aenter__(self) -> None:
+        self._calls._enter(self._caller)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._calls._leave(self._caller)
 
 
 @dataclass(frozen=True)
@@ -216,26 +266,18 @@ class SpeechSteps:
         if task is not None:
             task.cancel()
 
-    @contextlib.asynccontextmanager
-    async def _observed(self, record: CallRecord, metadata: Iterable[tuple[str, str | bytes]],
-                        ending_status: EndingStatus) -> AsyncIterator[None]:
+    def _observed(self, record: CallRecord, metadata: Iterable[tuple[str, str | bytes]],
+                  ending_status: EndingStatus) -> _ObservedCall:
         """The call's span and log tags from its start; metrics and the span's end with the status it ends with."""
-        tracer = self.tracer
-        span = tracer.start(record, metadata) if tracer is not None else None
-        bind_call(record.request_id, trace_id_of(span) if span is not None else None)
-        status = "OK"
-        try:
-            yield
-        except BaseException as error:
-            status = ending_status(record, error)
-            raise
-        finally:
-            self._expired_ids.discard(record.request_id)
-            self._limited_by_server.discard(record.request_id)
-            if self.metrics is not None:
-                self.metrics.observe_call(record, status)
-            if tracer is not None and span is not None:
-                tracer.end(span, record, status)
+        return _ObservedCall(self, record, metadata, ending_status)
+
+    def _end_observation(self, record: CallRecord, status: str, tracer: CallTracer | None, span: Any) -> None:
+        self._expired_ids.discard(record.request_id)
+        self._limited_by_server.discard(record.request_id)
+        if self.metrics is not None:
+            self.metrics.observe_call(record, status)
+        if tracer is not None and span is not None:
+            tracer.end(span, record, status)
 
     def _finish_record(self, record: CallRecord, summary: SynthesisSummary) -> None:
         model = self.engine_or_unavailable().model_info
