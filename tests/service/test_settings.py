@@ -78,6 +78,7 @@ NON_DEFAULT: dict[str, tuple[str, Any]] = {
     "max-voices-per-caller": ("1", 1),
     "max-voice-bytes": ("1500", 1500),
     "max-primed-voices": ("0", 0),
+    "max-inline-clones": ("0", 0),
 }
 # A text each checked setting refuses, where -1 (below every count, size, port and time) is none.
 REFUSED: dict[str, str] = {

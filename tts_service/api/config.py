@@ -155,6 +155,11 @@ class ServerConfig:
                                            check=at_least(1))
     max_waiting_clones: int = setting(8, "voice-clone encodings in progress or waiting, beyond which calls with "
                                          "reference audio get RESOURCE_EXHAUSTED", check=at_least(1))
+    # A clone of a 10 s reference is some 50 KB here.
+    max_inline_clones: int = setting(256, "voices cloned from reference audio sent inline that are kept, by caller "
+                                          "and recording, most recently used first, so that the same recording sent "
+                                          "again is not decoded and encoded again; 0: encode it on every call",
+                                     check=at_least(0))
     stream_idle_timeout_seconds: float = setting(60.0, "longest wait for the next text of a StreamingSynthesize "
                                                        "call", check=above(0))
     # Playback is counted from the first chunk. The first audio stays a frame away, and the front door writes a few

@@ -37,6 +37,7 @@ from tts_service.api.call_limits import call_too_long_error
 from tts_service.api.callers import Credentials
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError
+from tts_service.api.inline_clones import InlineClones, inline_clone_key
 from tts_service.api.interceptors import ServingState
 from tts_service.api.lexicon_store import LexiconLimits, LexiconStore
 from tts_service.api.lexicons import Lexicon
@@ -223,6 +224,7 @@ class SpeechSteps:
         # One reference recording decoded at a time: decoding is heavy and must stay off the event loop.
         self._decode_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-reference-audio")
         self._num_clones_in_progress = 0
+        self._inline_clones = InlineClones(config.max_inline_clones)
         self._expired_ids: set[str] = set()
         self._limited_by_server: set[str] = set()  # calls whose request ends at the server's limit, not the client's
 
@@ -336,8 +338,15 @@ class SpeechSteps:
             return registered.clone
         if not voice.reference_audio:
             return None
-        return await self.encode_reference(engine, voice, record, lambda wav: engine.clone_voice(
-            wav, voice.reference_text or None, voice.x_vector_only))
+        check_clone_request(voice, engine.model_info)
+        key = inline_clone_key(owner, voice) if self._inline_clones.max_clones else b""
+        clone = self._inline_clones.get(key) if key else None
+        if clone is None:
+            clone = await self.encode_reference(engine, voice, record, lambda wav: engine.clone_voice(
+                wav, voice.reference_text or None, voice.x_vector_only))
+            if key:
+                self._inline_clones.put(key, clone)
+        return clone
 
     async def registered_voice(self, engine: EngineDoor, voice_id: str, owner: str, field: str) -> RegisteredVoice:
         """`owner`'s voice `voice_id`; NOT_FOUND, naming the request's `field`, when it has none by that id."""

@@ -1,0 +1,76 @@
+"""Voices cloned from inline reference audio are kept by caller and recording: the same recording sent again is not
+decoded and encoded again, and speaks the same voice."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from clients.qwen3_tts_client import Voice
+from tests.service.helpers import RunningServer, start_server
+from tests.service.test_voice_clone import REFERENCE_TEXT, audio, pcm16_samples, wav_file
+from tts_service.api.inline_clones import InlineClones, inline_clone_key
+from tts_service.model.checkpoint import LoadedModel
+from tts_service.model.prompts import VoiceClone
+
+
+def reference(**fields: Any) -> Voice:
+    return Voice(**{"reference_audio": b"RIFF-recording", "reference_text": "Words.", **fields})
+
+
+def test_a_kept_clone_is_named_by_its_caller_and_every_field_of_its_reference() -> None:
+    key = inline_clone_key("alice", reference())
+    assert key == inline_clone_key("alice", reference())
+    others = [inline_clone_key("bob", reference()), inline_clone_key("alice", reference(reference_audio=b"other")),
+              inline_clone_key("alice", reference(reference_text="Other words.")),
+              inline_clone_key("alice", reference(reference_audio_pcm16_rate=16000)),
+              inline_clone_key("alice", reference(x_vector_only=True))]
+    assert key not in others and len(set(others)) == len(others)
+
+
+def test_the_least_recently_used_clone_goes_first_and_none_is_kept_without_room() -> None:
+    clones = InlineClones(max_clones=2)
+    a, b, c = (VoiceClone(speaker_embedding=(float(value),), reference_codes=None) for value in range(3))
+    clones.put(b"a", a)
+    clones.put(b"b", b)
+    assert clones.get(b"a") is a
+    clones.put(b"c", c)
+    assert clones.get(b"b") is None and clones.get(b"a") is a and clones.get(b"c") is c and len(clones) == 2
+    nothing = InlineClones(max_clones=0)
+    nothing.put(b"a", a)
+    assert nothing.get(b"a") is None
+
+
+@pytest.fixture(params=[256, 0], ids=["kept", "encoded-every-call"])
+def counted_server(request: pytest.FixtureRequest, tiny_models: dict[str, LoadedModel]
+                   ) -> Iterator[tuple[RunningServer, list[int]]]:
+    server = start_server(tiny_models["base"], max_inline_clones=request.param)
+    engine = server.engine
+    encoded: list[int] = []
+    encode = engine.clone_voice
+
+    async def counting_clone_voice(*args: Any) -> VoiceClone:
+        encoded.append(1)
+        return await encode(*args)
+
+    engine.clone_voice = counting_clone_voice  # type: ignore[method-assign]
+    try:
+        yield server, encoded
+    finally:
+        server.stop()
+
+
+def test_the_same_recording_sent_again_is_encoded_once_and_speaks_the_same_voice(
+        counted_server: tuple[RunningServer, list[int]]) -> None:
+    server, encoded = counted_server
+    voice = Voice(reference_audio=wav_file(pcm16_samples(seed=0)), reference_text=REFERENCE_TEXT)
+    other = Voice(reference_audio=wav_file(pcm16_samples(seed=3)), reference_text=REFERENCE_TEXT)
+    with server.client() as client:
+        first, again = audio(client, voice), audio(client, voice)
+        audio(client, other)
+    is_kept = server.server.config.max_inline_clones > 0
+    assert len(encoded) == (2 if is_kept else 3)
+    assert np.array_equal(first, again)
