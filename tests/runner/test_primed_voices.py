@@ -7,29 +7,8 @@ import numpy as np
 import torch
 
 from tests.runner.test_runner import runner_config
-from tts_service.model.codec_decoder import CodecStreamState
-from tts_service.runner.primed_voices import PrimedVoices, reference_key
+from tts_service.runner.primed_voices import reference_key
 from tts_service.runner.runner import AudioRestart, ModelRunner
-
-
-def state(value: float) -> CodecStreamState:
-    return CodecStreamState(torch.tensor([value]), torch.zeros(1), torch.zeros(1), ())
-
-
-def test_the_least_recently_used_voice_goes_first_beyond_the_limit() -> None:
-    voices = PrimedVoices(max_voices=2)
-    voices.put(b"a", state(1.0))
-    voices.put(b"b", state(2.0))
-    assert voices.get(b"a") is not None  # now b is the least recently used
-    voices.put(b"c", state(3.0))
-    assert voices.get(b"b") is None and voices.get(b"a") is not None and voices.get(b"c") is not None
-    assert len(voices) == 2 and voices.num_hits == 3 and voices.num_misses == 1
-
-
-def test_with_no_room_nothing_is_kept() -> None:
-    voices = PrimedVoices(max_voices=0)
-    voices.put(b"a", state(1.0))
-    assert len(voices) == 0 and voices.get(b"a") is None
 
 
 def test_a_voice_is_named_by_its_frames_codes_and_shape_whatever_their_integer_type() -> None:

@@ -12,7 +12,7 @@ import pytest
 from clients.qwen3_tts_client import Voice
 from tests.service.helpers import RunningServer, start_server
 from tests.service.test_voice_clone import REFERENCE_TEXT, audio, pcm16_samples, wav_file
-from tts_service.api.inline_clones import InlineClones, inline_clone_key
+from tts_service.api.inline_clones import inline_clone_key
 from tts_service.model.checkpoint import LoadedModel
 from tts_service.model.prompts import VoiceClone
 
@@ -29,19 +29,6 @@ def test_a_kept_clone_is_named_by_its_caller_and_every_field_of_its_reference() 
               inline_clone_key("alice", reference(reference_audio_pcm16_rate=16000)),
               inline_clone_key("alice", reference(x_vector_only=True))]
     assert key not in others and len(set(others)) == len(others)
-
-
-def test_the_least_recently_used_clone_goes_first_and_none_is_kept_without_room() -> None:
-    clones = InlineClones(max_clones=2)
-    a, b, c = (VoiceClone(speaker_embedding=(float(value),), reference_codes=None) for value in range(3))
-    clones.put(b"a", a)
-    clones.put(b"b", b)
-    assert clones.get(b"a") is a
-    clones.put(b"c", c)
-    assert clones.get(b"b") is None and clones.get(b"a") is a and clones.get(b"c") is c and len(clones) == 2
-    nothing = InlineClones(max_clones=0)
-    nothing.put(b"a", a)
-    assert nothing.get(b"a") is None
 
 
 @pytest.fixture(params=[256, 0], ids=["kept", "encoded-every-call"])

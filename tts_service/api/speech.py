@@ -339,7 +339,7 @@ class SpeechSteps:
         if not voice.reference_audio:
             return None
         check_clone_request(voice, engine.model_info)
-        key = inline_clone_key(owner, voice) if self._inline_clones.max_clones else b""
+        key = inline_clone_key(owner, voice) if self._inline_clones.max_entries else b""
         clone = self._inline_clones.get(key) if key else None
         if clone is None:
             clone = await self.encode_reference(engine, voice, record, lambda wav: engine.clone_voice(

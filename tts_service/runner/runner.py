@@ -690,7 +690,7 @@ class ModelRunner:
     def _prime_voice(self, slot: int, reference: np.ndarray) -> None:
         """`prime_audio` of one slot with a clone's reference frames [T, G], from the state they left a stream of
         this voice before when it is kept; else decoded, and the state they leave kept."""
-        if not self.primed_voices.max_voices:
+        if not self.primed_voices.max_entries:
             self.prime_audio([slot], reference[None])
             return
         key = reference_key(reference)
