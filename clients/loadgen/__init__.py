@@ -25,5 +25,6 @@ second, the requests that stalled at all and those that stalled past 100 ms, the
 seconds, and errors by gRPC status. The generator's own lag behind its schedule is recorded too, so a saturated
 client is visible rather than mistaken for a slow server; `--processes N` shares an open loop's schedule out over N
 worker processes (`processes.py`) for rates one process cannot keep. Every request speaks `--speaker` (a CustomVoice
-model's), or with `--voice-id` a registered voice (a Base model's clone, made with `qwen3-tts voice create`).
+model's), or with `--voice-id` a registered voice (a Base model's clone, made with `qwen3-tts voice create`), or
+with `--reference-audio` (and `--reference-text`) a recording sent with every request, cloned by the server.
 """

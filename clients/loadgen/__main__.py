@@ -37,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     voice = parser.add_mutually_exclusive_group()
     voice.add_argument("--speaker", help="a CustomVoice model's speaker (default: ryan)")
     voice.add_argument("--voice-id", help="a registered voice for every request (Base models; qwen3-tts voice create)")
+    voice.add_argument("--reference-audio", type=Path,
+                       help="a recording sent inline with every request, its voice cloned (Base models)")
+    parser.add_argument("--reference-text", default="",
+                        help="the transcript of --reference-audio (an in-context clone; without it, x-vector only)")
     parser.add_argument("--language", choices=("english", "chinese"),
                         help="only texts in this language (default: the whole set, each in its own language)")
     parser.add_argument("--encoding", default="pcm16")
@@ -60,6 +64,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _voice(args: argparse.Namespace) -> Voice:
+    if args.voice_id:
+        return Voice(voice_id=args.voice_id)
+    if args.reference_audio:
+        return Voice(reference_audio=args.reference_audio.read_bytes(), reference_text=args.reference_text,
+                     x_vector_only=not args.reference_text)
+    return Voice(speaker=args.speaker or "ryan")
+
+
 def _plan(args: argparse.Namespace, limits: Any) -> list[PlannedRequest]:
     """The requests to send, each inside the server's `limits` (ListVoices' Limits): one past them would be refused,
     and count as an error of the server's."""
@@ -73,7 +86,7 @@ def _plan(args: argparse.Namespace, limits: Any) -> list[PlannedRequest]:
 
 
 async def _run(args: argparse.Namespace) -> dict:
-    voice = Voice(voice_id=args.voice_id) if args.voice_id else Voice(speaker=args.speaker or "ryan")
+    voice = _voice(args)
     settings = RequestSettings(voice=voice,
                                audio_format=AudioFormat(args.encoding, args.sample_rate),
                                generation=Generation(temperature=args.temperature, seed=args.seed),
@@ -101,6 +114,7 @@ async def _run(args: argparse.Namespace) -> dict:
                          "fragment_interval_s": args.fragment_interval, "max_audio_seconds": args.max_audio_seconds,
                          "word_timestamps": args.word_timestamps, "processes": args.processes,
                          "speaker": voice.speaker, "voice_id": voice.voice_id,
+                         "reference_audio": str(args.reference_audio or ""), "reference_text": voice.reference_text,
                          "server_limits": {"max_audio_seconds": limits.max_audio_seconds,
                                            "max_text_chars": limits.max_text_chars}},
             "schedule": [asdict(request) for request in planned], "wall_s": wall_s,

@@ -235,6 +235,17 @@ def test_with_a_voice_id_every_request_speaks_the_registered_voice(base_server: 
         "INVALID_ARGUMENT"}
 
 
+def test_with_a_reference_recording_every_request_clones_it_inline(base_server: RunningServer,
+                                                                    tmp_path: Path) -> None:
+    recording = tmp_path / "reference.wav"
+    recording.write_bytes(wav_file(pcm16_samples(seed=0)))
+    report = run_loadgen(base_server, tmp_path / "inline.json", "--rpc", "mixed", "--reference-audio", str(recording),
+                         "--reference-text", REFERENCE_TEXT)
+    assert report["settings"]["reference_audio"] == str(recording)
+    assert report["settings"]["reference_text"] == REFERENCE_TEXT
+    assert report["summary"]["num_completed"] == report["summary"]["num_requests"] > 0
+
+
 def test_the_loadgen_takes_a_speaker_or_a_voice_id_not_both(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
