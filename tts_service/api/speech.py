@@ -338,14 +338,13 @@ class SpeechSteps:
             return registered.clone
         if not voice.reference_audio:
             return None
-        check_clone_request(voice, engine.model_info)
-        key = inline_clone_key(owner, voice) if self._inline_clones.max_entries else b""
-        clone = self._inline_clones.get(key) if key else None
+        # Kept only once cloned, so its every field passed encode_reference's checks.
+        key = inline_clone_key(owner, voice)
+        clone = self._inline_clones.get(key)
         if clone is None:
             clone = await self.encode_reference(engine, voice, record, lambda wav: engine.clone_voice(
                 wav, voice.reference_text or None, voice.x_vector_only))
-            if key:
-                self._inline_clones.put(key, clone)
+            self._inline_clones.put(key, clone)
         return clone
 
     async def registered_voice(self, engine: EngineDoor, voice_id: str, owner: str, field: str) -> RegisteredVoice:
