@@ -31,7 +31,7 @@ class RunnerConfig:
     prefill_graph_lengths: tuple[int, ...]
     profile_steps: bool  # device time per phase of every step (PhaseTimer); costs a few events per step
     # Clone voices whose codec state after their reference frames is kept (primed_voices); 0: none.
-    max_primed_voices: int = 0
+    max_primed_voices: int
 
     def __post_init__(self) -> None:
         if self.max_num_slots < 1:
