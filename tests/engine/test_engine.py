@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -255,14 +256,19 @@ def test_abort_mid_stream_ends_that_stream_and_frees_its_memory(tiny_models) -> 
     assert idle_blocks == 0
 
 
-def test_in_context_clone_streams_the_eager_synthesizers_audio(tiny_models) -> None:
-    model = tiny_models["base"]
+def in_context_clone_request(model) -> tuple[SynthesisInput, GenerationParams, Any]:
+    """An in-context clone of a 2 s tone, greedy, 9 frames; and the eager synthesizer's result for it."""
     synthesizer = EagerSynthesizer(model)
     reference = np.sin(np.linspace(0, 400 * np.pi, 24000 * 2)).astype(np.float32) * 0.3
     clone = synthesizer.clone_voice(reference, "A reference sentence.", x_vector_only=False)
     synthesis = SynthesisInput("Cloned speech, streamed.", "english", clone=clone)
     params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=9, min_new_frames=9)
-    expected = synthesizer.synthesize([synthesis], [params])[0]
+    return synthesis, params, synthesizer.synthesize([synthesis], [params])[0]
+
+
+def test_in_context_clone_streams_the_eager_synthesizers_audio(tiny_models) -> None:
+    model = tiny_models["base"]
+    synthesis, params, expected = in_context_clone_request(model)
     engine = make_engine(model)
     [(waveform, summary)] = asyncio.run(run_all(engine, [SynthesisRequest("clone", synthesis, params)]))
     assert torch.equal(torch.from_numpy(summary.codes), expected.codes)
@@ -274,12 +280,7 @@ def test_requests_in_one_clone_voice_decode_its_reference_frames_once_and_stream
     """The codec state a clone's reference frames leave is kept (`PrimedVoices`): after the first request in a
     voice, the others start from it, to the eager synthesizer's audio all the same."""
     model = tiny_models["base"]
-    synthesizer = EagerSynthesizer(model)
-    reference = np.sin(np.linspace(0, 400 * np.pi, 24000 * 2)).astype(np.float32) * 0.3
-    clone = synthesizer.clone_voice(reference, "A reference sentence.", x_vector_only=False)
-    synthesis = SynthesisInput("Cloned speech, streamed.", "english", clone=clone)
-    params = GenerationParams(talker=GREEDY, predictor=GREEDY, max_new_frames=9, min_new_frames=9)
-    expected = synthesizer.synthesize([synthesis], [params])[0]
+    synthesis, params, expected = in_context_clone_request(model)
     engine = make_engine(model, chunk_schedule=(1,))
     primed: list[list[int]] = []
     real_prime = engine.runner.prime_audio
