@@ -53,10 +53,14 @@ def summarize(records: list[RequestRecord], wall_s: float) -> dict:
 
 
 def _word_lags(completed: list[RequestRecord]) -> dict[str, float | int | None]:
-    """With word timestamps: how long each message of words came after the audio of its last word."""
-    lags = [lag for record in completed for lag in record.word_lags_s]
+    """With word timestamps: how long each message of words came after the audio of its last word; and for the
+    latest, how much audio past that word the listener already had then."""
+    messages = [(lag, ahead) for record in completed
+                for lag, ahead in zip(record.word_lags_s, record.word_audio_ahead_s, strict=True)]
+    lags = [lag for lag, _ in messages]
     return {"p50": _ms(percentile(lags, 0.5)), "p95": _ms(percentile(lags, 0.95)),
-            "max": _ms(max(lags, default=None)), "num_messages": len(lags)}
+            "max": _ms(max(lags, default=None)), "num_messages": len(lags),
+            "audio_ahead_s_at_max": max(messages)[1] if messages else None}
 
 
 def _num_stalled(per_request: list[Stalls]) -> int:

@@ -42,8 +42,11 @@ class RequestRecord:
     num_chunks: int
     stalls: Stalls  # of a player that starts at the first chunk and pauses whenever it runs out of audio
     finish_reason: str
-    # With word timestamps: for each message of words, how long after the audio of its last word had arrived.
+    # With word timestamps: for each message of words, how long after the audio of its last word had arrived, and how
+    # much audio past that word's end the listener already had when it came (a word the aligner placed early in its
+    # sentence's audio has a long lag that is that audio's head start, not a late message).
     word_lags_s: tuple[float, ...] = ()
+    word_audio_ahead_s: tuple[float, ...] = ()
 
 
 async def run_schedule(client: AsyncTtsClient, planned: list[PlannedRequest], settings: RequestSettings,
@@ -98,6 +101,7 @@ async def timed_request(client: AsyncTtsClient, request: PlannedRequest, setting
     arrivals: list[ChunkArrival] = []
     audio_until: list[float] = []  # each chunk's end in the audio, beside `arrivals`
     word_lags: list[float] = []
+    audio_ahead: list[float] = []
     completion: Any = None
     status = "OK"
     try:
@@ -107,14 +111,16 @@ async def timed_request(client: AsyncTtsClient, request: PlannedRequest, setting
                 arrivals.append(ChunkArrival(now, response.chunk.offset_seconds))
                 audio_until.append(response.chunk.offset_seconds + response.chunk.duration_seconds)
             if response.words.words:
-                word_lags.append(now - _arrival_of(response.words.words[-1].end_seconds, arrivals, audio_until))
+                last_word_end_s = response.words.words[-1].end_seconds
+                word_lags.append(now - _arrival_of(last_word_end_s, arrivals, audio_until))
+                audio_ahead.append(max(0.0, max(audio_until, default=0.0) - last_word_end_s))
             if response.HasField("completion"):
                 completion = response.completion
     except grpc.aio.AioRpcError as error:
         status = error.code().name
     ended = time.perf_counter()
     return replace(_record(request, start_lag_s, status, started, first_text_sent, arrivals, completion, ended),
-                   word_lags_s=tuple(word_lags))
+                   word_lags_s=tuple(word_lags), word_audio_ahead_s=tuple(audio_ahead))
 
 
 def _arrival_of(audio_s: float, arrivals: list[ChunkArrival], audio_until: list[float]) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,14 @@ def test_the_summary_counts_requests_that_stalled_and_sums_each_stall_once() -> 
     assert summary["stall_over_100ms_s"] == {"total": 0.5, "max": 0.5}
 
 
+def test_the_latest_words_message_is_reported_with_the_audio_the_listener_already_had_past_its_word() -> None:
+    early_word = replace(record(0, 1), word_lags_s=(0.02, 0.6), word_audio_ahead_s=(0.1, 3.2))
+    late_message = replace(record(0, 1), word_lags_s=(0.3,), word_audio_ahead_s=(0.05,))
+    lags = summarize([early_word, late_message], wall_s=1.0)["word_lag_ms"]
+    assert lags["max"] == pytest.approx(600) and lags["audio_ahead_s_at_max"] == 3.2 and lags["num_messages"] == 3
+    assert summarize([record(0, 1)], wall_s=1.0)["word_lag_ms"]["audio_ahead_s_at_max"] is None
+
+
 def test_peak_in_flight_counts_overlapping_requests_only() -> None:
     assert peak_in_flight([record(0, 3), record(1, 2), record(1.5, 4), record(3.5, 5)]) == 3
     assert peak_in_flight([record(0, 1), record(1, 2)]) == 1  # one finishing as the next is sent
@@ -217,6 +226,8 @@ def test_with_word_timestamps_every_request_gets_words_and_the_report_says_how_f
     report = json.loads(out.read_text())
     assert report["summary"]["num_completed"] == 4 and report["settings"]["word_timestamps"] is True
     assert all(request["word_lags_s"] for request in report["requests"])
+    assert all(len(request["word_audio_ahead_s"]) == len(request["word_lags_s"]) for request in report["requests"])
+    assert all(ahead >= 0 for request in report["requests"] for ahead in request["word_audio_ahead_s"])
     lags = report["summary"]["word_lag_ms"]
     assert lags["num_messages"] >= 4 and 0 <= lags["p50"] <= lags["p95"] <= lags["max"]
 
