@@ -51,6 +51,9 @@ class StepObservation:
     step_s: float
     # Prefill calls outside the captured CUDA graphs (a batch or prompt beyond every captured bucket).
     num_eager_prefills: int = 0
+    # Streams in an in-context clone voice that started by decoding its reference frames, and from a kept state.
+    num_references_decoded: int = 0
+    num_references_kept: int = 0
     # The step profiler's seconds per phase (engine loop on the host, and device time); None when it is off.
     phases: Mapping[str, float] | None = None
 
@@ -133,6 +136,10 @@ class ServiceMetrics:
                                       "every captured bucket): each makes its step far longer.", names,
                                       registry=self.registry)
         self.eager_prefills.labels(**self._labels)  # exported at 0 from the start: most servers never run one
+        self.voice_reference_starts = Counter(
+            "qwen3_tts_engine_voice_reference_starts",
+            "Streams in an in-context clone voice, by how they started: decoding the voice's reference frames, or "
+            "from the codec state they left kept (--max-primed-voices).", (*names, "reference"), registry=self.registry)
         self.build_info = Info("qwen3_tts_build", "Version, model, dtype and device of this server.",
                                registry=self.registry)
 
@@ -147,6 +154,10 @@ class ServiceMetrics:
             self.prefills.labels(**labels).inc(step.num_prefills)
         if step.num_eager_prefills:
             self.eager_prefills.labels(**labels).inc(step.num_eager_prefills)
+        if step.num_references_decoded:
+            self.voice_reference_starts.labels(**labels, reference="decoded").inc(step.num_references_decoded)
+        if step.num_references_kept:
+            self.voice_reference_starts.labels(**labels, reference="kept").inc(step.num_references_kept)
 
     def observe_server_phase(self, phase: str, seconds: float) -> None:
         """The step profiler's view of the server: `encode` or `write` time of one audio chunk."""

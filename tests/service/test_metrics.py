@@ -15,10 +15,12 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from clients.qwen3_tts_client import Voice
 from observability.calls import CallRecord, CallResult, RequestTimeline
 from observability.metrics import LiveState, ServiceMetrics
 from tests.service.helpers import GREEDY, RYAN, RunningServer, start_server, wait_until
 from tests.service.processes import free_port
+from tests.service.test_voice_clone import REFERENCE_TEXT, pcm16_samples, wav_file
 from tests.test_playback import chunks_with_one_late
 from tts_service.model.checkpoint import LoadedModel
 
@@ -250,3 +252,24 @@ def test_prefills_run_outside_the_captured_graphs_are_counted_once_each_in_the_n
         client.synthesize("Count me.", RYAN, generation=GREEDY)
     assert value(samples(metrics), "qwen3_tts_engine_eager_prefills_total") == before + 2
     assert engine.stats.num_eager_prefills == stats_before + 2
+
+
+def test_streams_in_a_clone_voice_are_counted_by_how_they_started(tiny_models: dict[str, LoadedModel]) -> None:
+    """The first stream in an in-context voice decodes its reference frames; the next starts from the state they
+    left (--max-primed-voices)."""
+    metrics = ServiceMetrics("tiny", "voice_clone")
+    running = start_server(tiny_models["base"], with_engine=False)
+    running.attach_engine(metrics)
+    voice = Voice(reference_audio=wav_file(pcm16_samples(seed=0)), reference_text=REFERENCE_TEXT)
+    try:
+        with running.client() as client:
+            for _ in range(2):
+                client.synthesize("Cloned speech.", voice, generation=GREEDY)
+        engine = running.engine
+        assert engine.stats.num_references_decoded == 1 and engine.stats.num_references_kept == 1
+        scrape = samples(metrics)
+        for reference in ("decoded", "kept"):
+            assert value(scrape, "qwen3_tts_engine_voice_reference_starts_total", mode="voice_clone",
+                         reference=reference) == 1
+    finally:
+        running.stop()

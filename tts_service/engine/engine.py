@@ -88,6 +88,8 @@ class EngineStats:
     num_prefills: int = 0
     num_codec_frames: int = 0
     num_eager_prefills: int = 0  # prefill calls outside the captured graphs
+    num_references_decoded: int = 0  # clone voices' streams started by decoding the voice's reference frames
+    num_references_kept: int = 0  # ... and from the kept state those frames left (runner.primed_voices)
     num_steps_ahead: int = 0  # steps scheduled, and their frames queued, before the step before was collected
     execute_s: float = 0.0  # in the runner (worker thread), GPU work included
     loop_s: float = 0.0  # in the loop between schedule() and the end of fan-out, execute_s included
@@ -105,6 +107,8 @@ class EngineStats:
         self.num_prefills += step.num_prefills
         self.num_codec_frames += step.num_codec_frames
         self.num_eager_prefills += step.num_eager_prefills
+        self.num_references_decoded += step.num_references_decoded
+        self.num_references_kept += step.num_references_kept
         self.execute_s += execute_s
         self.loop_s += step.step_s
         self.last_step_s = step.step_s
@@ -689,11 +693,13 @@ class Engine(StepObservers):
 
     def _count(self, output: SchedulerOutput, execute_s: float, loop_s: float,
                phases: dict[str, float] | None) -> None:
-        # The runner's thread is idle between steps, so its count is read here without a race.
-        num_eager_prefills = self.runner.num_eager_prefills - self.stats.num_eager_prefills
+        # The runner's thread is idle between steps, so its counts are read here without a race.
+        runner, stats = self.runner, self.stats
         step = StepObservation(num_decodes=len(output.decodes), num_prefills=len(output.prefills),
                                num_codec_frames=sum(chunk.num_frames for chunk in output.codec_chunks), step_s=loop_s,
-                               phases=phases, num_eager_prefills=num_eager_prefills)
+                               phases=phases, num_eager_prefills=runner.num_eager_prefills - stats.num_eager_prefills,
+                               num_references_decoded=runner.primed_voices.num_misses - stats.num_references_decoded,
+                               num_references_kept=runner.primed_voices.num_hits - stats.num_references_kept)
         self.stats.record(step, execute_s)
         for observer in self._step_observers:
             observer(step)

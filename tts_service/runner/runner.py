@@ -690,19 +690,16 @@ class ModelRunner:
     def _prime_voice(self, slot: int, reference: np.ndarray) -> None:
         """`prime_audio` of one slot with a clone's reference frames [T, G], from the state they left a stream of
         this voice before when it is kept; else decoded, and the state they leave kept."""
-        if not self.primed_voices.max_entries:
-            self.prime_audio([slot], reference[None])
-            return
         key = reference_key(reference)
         kept = self.primed_voices.get(key)
         if kept is None:
             self.prime_audio([slot], reference[None])
+            if self.primed_voices.max_entries:
+                with self._codec_work():
+                    self.primed_voices.put(key, self.codec_state.select_rows(self._queued_indices([slot])))
+            return
         with self._codec_work():
-            row = self._queued_indices([slot])
-            if kept is None:
-                self.primed_voices.put(key, self.codec_state.select_rows(row))
-            else:
-                self.codec_state.store_rows(row, kept)
+            self.codec_state.store_rows(self._queued_indices([slot]), kept)
 
     def _decode_audio(self, slots: list[int], codes: np.ndarray) -> torch.Tensor:
         # Checked on the host: an out-of-range code would be a device-side assert, which poisons
