@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from tts_service.model.prompts import VoiceClone
-from tts_service.recently_used import RecentlyUsed
+from tts_service.engine import VoiceClone
+from tts_service.model.recently_used import RecentlyUsed
 
 
 def inline_clone_key(caller: str, voice: Any) -> bytes:

@@ -16,7 +16,7 @@ import hashlib
 import numpy as np
 
 from tts_service.model.codec_decoder import CodecStreamState
-from tts_service.recently_used import RecentlyUsed
+from tts_service.model.recently_used import RecentlyUsed
 
 
 def reference_key(context: np.ndarray) -> bytes:

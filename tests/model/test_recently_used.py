@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tts_service.recently_used import RecentlyUsed
+from tts_service.model.recently_used import RecentlyUsed
 
 
 def test_the_least_recently_used_value_goes_first_beyond_the_limit() -> None:
