@@ -3,6 +3,7 @@ decoded and encoded again, and speaks the same voice."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +13,9 @@ import pytest
 from clients.qwen3_tts_client import Voice
 from tests.service.helpers import RunningServer, start_server
 from tests.service.test_voice_clone import REFERENCE_TEXT, audio, pcm16_samples, wav_file
+from tts_service.api import speech
 from tts_service.api.inline_clones import inline_clone_key
+from tts_service.api.interceptors import MAX_BYTES_PARSED_ON_LOOP
 from tts_service.model.checkpoint import LoadedModel
 from tts_service.model.prompts import VoiceClone
 
@@ -61,3 +64,24 @@ def test_the_same_recording_sent_again_is_encoded_once_and_speaks_the_same_voice
     is_kept = server.server.config.max_inline_clones > 0
     assert len(encoded) == (2 if is_kept else 3)
     assert np.array_equal(first, again)
+
+
+def test_a_large_recordings_key_is_taken_off_the_event_loop(counted_server: tuple[RunningServer, list[int]],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A digest of megabytes would stall every other call on the loop, as parsing them would."""
+    server, _ = counted_server
+    threads: list[str] = []
+    real_key = speech.inline_clone_key
+
+    def recording_thread(caller: str, voice: Any) -> bytes:
+        threads.append(threading.current_thread().name)
+        return real_key(caller, voice)
+
+    monkeypatch.setattr(speech, "inline_clone_key", recording_thread)
+    small = Voice(reference_audio=wav_file(pcm16_samples(seed=0)), reference_text=REFERENCE_TEXT)
+    large = Voice(reference_audio=wav_file(pcm16_samples(seed=0, seconds=4.0)), reference_text=REFERENCE_TEXT)
+    assert len(small.reference_audio) <= MAX_BYTES_PARSED_ON_LOOP < len(large.reference_audio)
+    with server.client() as client:
+        audio(client, small)
+        audio(client, large)
+    assert threads[0] == server.thread.name and threads[1] != server.thread.name

@@ -38,7 +38,7 @@ from tts_service.api.callers import Credentials
 from tts_service.api.config import ServerConfig
 from tts_service.api.errors import ApiError
 from tts_service.api.inline_clones import InlineClones, inline_clone_key
-from tts_service.api.interceptors import ServingState
+from tts_service.api.interceptors import MAX_BYTES_PARSED_ON_LOOP, ServingState
 from tts_service.api.lexicon_store import LexiconLimits, LexiconStore
 from tts_service.api.lexicons import Lexicon
 from tts_service.api.messages import (
@@ -338,8 +338,12 @@ class SpeechSteps:
             return registered.clone
         if not voice.reference_audio:
             return None
-        # Kept only once cloned, so its every field passed encode_reference's checks.
-        key = inline_clone_key(owner, voice)
+        # Kept only once cloned, so its every field passed encode_reference's checks. A digest of a large recording
+        # (up to 24 MiB, tens of milliseconds) is taken in a worker thread, as a large message is parsed in one.
+        if len(voice.reference_audio) <= MAX_BYTES_PARSED_ON_LOOP:
+            key = inline_clone_key(owner, voice)
+        else:
+            key = await asyncio.to_thread(inline_clone_key, owner, voice)
         clone = self._inline_clones.get(key)
         if clone is None:
             clone = await self.encode_reference(engine, voice, record, lambda wav: engine.clone_voice(
